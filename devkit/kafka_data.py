@@ -1,0 +1,86 @@
+"""Sample workloads: keyed JSON order events with several updates per key, and their expected state."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field
+
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from sink_service.kafka_source.offsets import KafkaOffsets
+
+
+def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(t, n, 1) for t, n in topics.items()], operation_timeout=10)
+    for future in futures.values():
+        future.result()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        metadata = admin.list_topics(timeout=5).topics
+        if all(t in metadata and len(metadata[t].partitions) == n for t, n in topics.items()):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"topics {topics} not visible")
+
+
+@dataclass
+class Workload:
+    """What was produced, so tests can compute what the endpoint must end up holding."""
+
+    latest: dict[tuple[str, str], dict] = field(default_factory=dict)  # (topic, id) -> value
+    produced: int = 0
+
+    def expected_rows(self, topic: str) -> dict[str, dict]:
+        return {key: value for (t, key), value in self.latest.items() if t == topic}
+
+
+def produce_orders(
+    bootstrap: str,
+    topic: str,
+    *,
+    keys: int,
+    updates: int,
+    workload: Workload,
+    seed: int = 7,
+    partition: int | None = None,
+    key_prefix: str = "order",
+) -> int:
+    """Produce `keys * updates` order events; each key's updates go to one partition, in order."""
+    rng = random.Random(seed)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": False})
+    events = [(f"{key_prefix}-{k}", version) for version in range(updates) for k in range(keys)]
+    statuses = ("NEW", "PAID", "PACKED", "SHIPPED", "DELIVERED")
+    for n, (key, version) in enumerate(events):
+        value = {
+            "id": key,
+            "version": version,
+            "status": statuses[version % len(statuses)],
+            "amount": round(rng.uniform(1, 500), 2),
+            "customer": f"customer-{rng.randrange(1000)}",
+            "note": "x" * rng.randrange(0, 40),
+        }
+        kwargs = {"partition": partition} if partition is not None else {}
+        producer.produce(topic, key=key.encode(), value=json.dumps(value).encode(), **kwargs)
+        workload.latest[(topic, key)] = value
+        if n % 5000 == 0:
+            producer.poll(0)
+    producer.flush(30)
+    workload.produced += len(events)
+    return len(events)
+
+
+def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    offsets = KafkaOffsets({"bootstrap.servers": bootstrap}, "unused")
+    return {p: o for (_, p), o in offsets.latest([(topic, p) for p in range(partitions)]).items()}
+
+
+def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
+    offsets = KafkaOffsets({"bootstrap.servers": bootstrap}, group)
+    return {p: o for (_, p), o in offsets.committed([(topic, p) for p in range(partitions)]).items()}
+
+
+__all__ = ["TopicPartition", "Workload", "committed_offsets", "create_topics", "end_offsets", "produce_orders"]

@@ -1,0 +1,53 @@
+"""`python -m sink_service` / `sink-service`: configured only by SINK_* environment variables."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from sink_service import __version__
+from sink_service.config import ConfigError, SinkConfig, declared_fields, is_secret_kafka_option, load_config
+from sink_service.logs import configure
+
+log = logging.getLogger("sink_service")
+
+
+def _secrets(config: SinkConfig) -> list[str]:
+    values = [getattr(config, f.name) for f in declared_fields() if f.metadata["secret"]]
+    values += [v for k, v in config.kafka_options.items() if is_secret_kafka_option(k)]
+    return [v for v in values if v]
+
+
+def _versions() -> dict[str, str]:
+    import confluent_kafka
+    import pyarrow
+    import pyspark
+
+    return {
+        "service": __version__,
+        "spark": pyspark.__version__,
+        "librdkafka": confluent_kafka.libversion()[0],
+        "confluent_kafka": confluent_kafka.version()[0],
+        "pyarrow": pyarrow.__version__,
+        "python": sys.version.split()[0],
+    }
+
+
+def main() -> int:
+    try:
+        config = load_config(os.environ)
+    except ConfigError as exc:
+        print(f"sink-service: {exc}", file=sys.stderr)
+        print("See the configuration reference in README.md.", file=sys.stderr)
+        return 2
+    configure(config.log_level, _secrets(config))
+    log.info("starting kafka-parquet-sink %s", _versions())
+    log.info("configuration %s", config.masked())
+    from sink_service.service import SinkService
+
+    return SinkService(config).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,370 @@
+"""Configuration declared as data.
+
+Every setting is declared once, as a field of `SinkConfig` with its environment name, default,
+doc and secrecy. That one declaration drives validation (all problems reported at once), the
+masked startup dump and the README's configuration reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import re
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from sink_service.ddl import DdlError, parse_ddl
+
+MASK = "*****"
+KAFKA_PASSTHROUGH_PREFIX = "SINK_KAFKA_"
+_SECRET_WORDS = ("PASSWORD", "SECRET", "TOKEN", "CREDENTIAL")
+
+
+class ConfigError(Exception):
+    """Raised at startup with every configuration problem found, one per line."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{len(problems)} configuration problem(s):\n{lines}")
+
+
+def setting(
+    env: str,
+    doc: str,
+    default: Any = None,
+    *,
+    secret: bool = False,
+    choices: tuple[str, ...] | None = None,
+    minimum: int | None = None,
+    group: str = "General",
+) -> Any:
+    """Declare one setting as a dataclass field carrying its env name and documentation."""
+    meta = {"env": env, "doc": doc, "secret": secret, "choices": choices, "minimum": minimum, "group": group}
+    if isinstance(default, tuple | list):
+        return field(default=tuple(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    # --- Kafka source -------------------------------------------------------------------------
+    kafka_bootstrap_servers: str = setting(
+        "SINK_KAFKA_BOOTSTRAP_SERVERS", "Kafka bootstrap servers, `host:port[,host:port]`. Required.",
+        group="Kafka")
+    topics: tuple[str, ...] = setting(
+        "SINK_TOPICS", "Comma-separated topics to consume. Set this or `SINK_TOPIC_PATTERN`.", (),
+        group="Kafka")
+    topic_pattern: str | None = setting(
+        "SINK_TOPIC_PATTERN",
+        "Regular expression matched against whole topic names; new matching topics and partitions "
+        "are picked up without a restart. Set this or `SINK_TOPICS`.", group="Kafka")
+    group_id: str = setting(
+        "SINK_GROUP_ID", "Consumer group whose committed offsets are the service's only progress "
+        "record. Lag is visible to standard Kafka tooling under this name.", "kafka-parquet-sink",
+        group="Kafka")
+    starting_offsets: str = setting(
+        "SINK_STARTING_OFFSETS", "Where to start partitions that have no committed offset.",
+        "earliest", choices=("earliest", "latest"), group="Kafka")
+    retention_gap_policy: str = setting(
+        "SINK_RETENTION_GAP_POLICY",
+        "What to do when a committed offset has fallen out of retention: `fail` stops with an "
+        "error; `skip` jumps to the earliest available offset and logs how many records were lost.",
+        "fail", choices=("fail", "skip"), group="Kafka")
+    topic_refresh_interval_ms: int = setting(
+        "SINK_TOPIC_REFRESH_INTERVAL_MS", "How often topic metadata is re-read to discover new "
+        "topics (pattern) and partitions.", 30_000, minimum=1000, group="Kafka")
+    # SINK_KAFKA_<NAME> pass-through is documented separately (see `kafka_passthrough`).
+
+    # --- Flush thresholds ---------------------------------------------------------------------
+    flush_records: int = setting(
+        "SINK_FLUSH_RECORDS", "A partition's pending data is written once it has this many records; "
+        "also the most records one file holds.", 100_000, minimum=1, group="Flush")
+    flush_bytes: int = setting(
+        "SINK_FLUSH_BYTES", "A partition's pending data is written once its estimated Parquet size "
+        "reaches this; files are capped at this size plus at most one row group.",
+        64 * 1024 * 1024, minimum=1024, group="Flush")
+    flush_interval_ms: int = setting(
+        "SINK_FLUSH_INTERVAL_MS", "A partition's pending data is written once its oldest pending "
+        "record has waited this long (wall clock), even while other partitions are busy.",
+        60_000, minimum=100, group="Flush")
+    poll_interval_ms: int = setting(
+        "SINK_POLL_INTERVAL_MS", "Micro-batch trigger interval: how often thresholds are checked.",
+        1000, minimum=50, group="Flush")
+    max_files_per_batch: int = setting(
+        "SINK_MAX_FILES_PER_BATCH", "Most offset ranges (files) admitted into one micro-batch; "
+        "bounds batch duration and how much is replayed after a crash.", 32, minimum=1,
+        group="Flush")
+
+    # --- Records ------------------------------------------------------------------------------
+    primary_keys: tuple[str, ...] = setting(
+        "SINK_PRIMARY_KEYS", "Comma-separated value fields forming the primary key. A record "
+        "missing one, or with a null, is a bad record. `_key` (the Kafka key) may be used.", (),
+        group="Records")
+    order_field: str = setting(
+        "SINK_ORDER_FIELD", "Column sent as `duplicateRemovalOrderColumn`; the endpoint keeps the "
+        "row with the highest value per key. Default: `_offset`, the Kafka offset.", "_offset",
+        group="Records")
+    value_schema: str | None = setting(
+        "SINK_VALUE_SCHEMA", "Optional Spark DDL for the JSON value, e.g. `id STRING, amount "
+        "DOUBLE`. Fields not declared are not written. When absent the schema is inferred and no "
+        "field is dropped.", group="Records")
+    error_policy: str = setting(
+        "SINK_ERROR_POLICY", "Records that cannot be decoded or lack a primary key: `fail` stops "
+        "with an error naming topic, partition and offset; `skip` logs and counts each one.",
+        "fail", choices=("fail", "skip"), group="Records")
+    parquet_compression: str = setting(
+        "SINK_PARQUET_COMPRESSION", "Parquet compression codec.", "snappy",
+        choices=("snappy", "zstd", "gzip", "lz4", "brotli", "none"), group="Records")
+
+    # --- Upload target ------------------------------------------------------------------------
+    target: str = setting(
+        "SINK_TARGET", "Where files go.", "ems", choices=("ems",), group="Target")
+    ems_endpoint: str | None = setting(
+        "SINK_EMS_ENDPOINT", "EMS continuous-push URL, `https://<team>.<realm>.celonis.cloud/"
+        "continuous-batch-processing/api/v1/<pool-id>/items`. Plain http only to loopback.",
+        group="Target")
+    ems_authorization: str | None = setting(
+        "SINK_EMS_AUTHORIZATION", "Authorization header sent verbatim: `AppKey <key>` or "
+        "`Bearer <token>`.", secret=True, group="Target")
+    ems_target_table: str | None = setting(
+        "SINK_EMS_TARGET_TABLE", "EMS `targetName`. `{topic}` is replaced by the topic name.",
+        group="Target")
+    ems_connection_id: str | None = setting(
+        "SINK_EMS_CONNECTION_ID", "EMS `connectionId` (optional).", group="Target")
+    ems_client_id: str = setting(
+        "SINK_EMS_CLIENT_ID", "EMS `clientId`.", "kafka-parquet-sink", group="Target")
+    ems_fallback_varchar_length: int | None = setting(
+        "SINK_EMS_FALLBACK_VARCHAR_LENGTH", "EMS `fallbackVarcharLength` (optional).", minimum=1,
+        group="Target")
+    upload_timeout_ms: int = setting(
+        "SINK_UPLOAD_TIMEOUT_MS", "Timeout of one upload request.", 60_000, minimum=100,
+        group="Target")
+    upload_retry_budget_ms: int = setting(
+        "SINK_UPLOAD_RETRY_BUDGET_MS", "How long one file's upload is retried (exponential backoff "
+        "with jitter, honouring Retry-After) before its micro-batch fails and is replayed from the "
+        "committed offsets.", 60_000, minimum=0, group="Target")
+
+    # --- Runtime ------------------------------------------------------------------------------
+    spark_master: str = setting(
+        "SINK_SPARK_MASTER", "Spark master URL: `local[*]` or `spark://host:7077`.", "local[*]",
+        group="Runtime")
+    http_port: int = setting(
+        "SINK_HTTP_PORT", "Port of `/healthz` and `/readyz`; 0 disables the HTTP server.", 8080,
+        minimum=0, group="Runtime")
+    log_level: str = setting(
+        "SINK_LOG_LEVEL", "Service log level.", "INFO",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"), group="Runtime")
+    shutdown_timeout_ms: int = setting(
+        "SINK_SHUTDOWN_TIMEOUT_MS", "On SIGTERM, how long in-flight uploads may take to finish "
+        "and commit before the service stops anyway.", 30_000, minimum=0, group="Runtime")
+    restart_backoff_max_ms: int = setting(
+        "SINK_RESTART_BACKOFF_MAX_MS", "Longest wait between replays of a failed micro-batch "
+        "(backoff doubles from 1 s).", 60_000, minimum=1000, group="Runtime")
+    scratch_dir: str = setting(
+        "SINK_SCRATCH_DIR", "Local scratch space (Spark checkpoints, files being written). "
+        "Nothing in it matters across restarts.", "/tmp/kafka-parquet-sink", group="Runtime")
+
+    # Not declared: filled from SINK_KAFKA_<NAME> variables.
+    kafka_options: Mapping[str, str] = field(default_factory=dict, metadata={"internal": True})
+
+    # --- Derived values -----------------------------------------------------------------------
+    def table_for(self, topic: str) -> str:
+        return (self.ems_target_table or "{topic}").replace("{topic}", topic)
+
+    def masked(self) -> dict[str, Any]:
+        """Effective configuration with secrets masked, for the startup log."""
+        dump: dict[str, Any] = {}
+        for f in declared_fields():
+            value = getattr(self, f.name)
+            dump[f.metadata["env"]] = MASK if f.metadata["secret"] and value else value
+        for name, value in sorted(self.kafka_options.items()):
+            env = KAFKA_PASSTHROUGH_PREFIX + name.upper().replace(".", "_")
+            dump[env] = MASK if is_secret_kafka_option(name) else value
+        return dump
+
+
+def declared_fields() -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(SinkConfig) if "env" in f.metadata]
+
+
+def _declared_envs() -> set[str]:
+    return {f.metadata["env"] for f in declared_fields()}
+
+
+def is_secret_kafka_option(name: str) -> bool:
+    upper = name.upper()
+    return any(word in upper for word in _SECRET_WORDS)
+
+
+def kafka_passthrough(environ: Mapping[str, str]) -> dict[str, str]:
+    """`SINK_KAFKA_SASL_MECHANISM=X` becomes librdkafka `sasl.mechanism=X`."""
+    declared = _declared_envs()
+    return {
+        env[len(KAFKA_PASSTHROUGH_PREFIX):].lower().replace("_", "."): value
+        for env, value in environ.items()
+        if env.startswith(KAFKA_PASSTHROUGH_PREFIX) and env not in declared
+    }
+
+
+def _base_type(name: str) -> Any:
+    """`int | None` -> int; `tuple[str, ...]` -> tuple."""
+    annotation = typing.get_type_hints(SinkConfig)[name]
+    origin = typing.get_origin(annotation)
+    if origin in (types.UnionType, typing.Union):
+        return next(a for a in typing.get_args(annotation) if a is not type(None))
+    return origin or annotation
+
+
+def _parse_value(f: dataclasses.Field, raw: str) -> Any:
+    kind = _base_type(f.name)
+    meta = f.metadata
+    if kind is tuple:
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
+    if kind is int:
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise ValueError(f"must be a whole number, got {raw!r}") from None
+        if meta["minimum"] is not None and value < meta["minimum"]:
+            raise ValueError(f"must be at least {meta['minimum']}, got {value}")
+        return value
+    value = raw.strip()
+    if meta["choices"] and value not in meta["choices"]:
+        raise ValueError(f"must be one of {', '.join(meta['choices'])}; got {value!r}")
+    return value
+
+
+def load_config(environ: Mapping[str, str]) -> SinkConfig:
+    """Build and validate the configuration; raise `ConfigError` listing every problem."""
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+    for f in declared_fields():
+        raw = environ.get(f.metadata["env"])
+        if raw is None or raw.strip() == "":
+            continue
+        try:
+            values[f.name] = _parse_value(f, raw)
+        except ValueError as exc:
+            shown = MASK if f.metadata["secret"] else raw
+            problems.append(f"{f.metadata['env']}={shown!s}: {exc}")
+    values["kafka_options"] = kafka_passthrough(environ)
+    config = SinkConfig(**values)
+    problems.extend(problem for check in _CHECKS for problem in check(config))
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+# --- Cross-field checks: each returns a list of problems ----------------------------------------
+
+def _check_kafka(c: SinkConfig) -> list[str]:
+    problems = []
+    if not c.kafka_bootstrap_servers:
+        problems.append("SINK_KAFKA_BOOTSTRAP_SERVERS is required, e.g. `broker-1:9092,broker-2:9092`.")
+    if bool(c.topics) == bool(c.topic_pattern):
+        problems.append("Set exactly one of SINK_TOPICS (comma list) or SINK_TOPIC_PATTERN (regex).")
+    if c.topic_pattern:
+        try:
+            re.compile(c.topic_pattern)
+        except re.error as exc:
+            problems.append(f"SINK_TOPIC_PATTERN is not a valid regular expression: {exc}.")
+    for reserved in ("bootstrap.servers", "group.id", "enable.auto.commit"):
+        if reserved in c.kafka_options:
+            env = KAFKA_PASSTHROUGH_PREFIX + reserved.upper().replace(".", "_")
+            problems.append(f"{env} cannot be passed through; the service sets `{reserved}` itself.")
+    return problems
+
+
+def _is_loopback(host: str | None) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:
+        return False
+
+
+def _check_target(c: SinkConfig) -> list[str]:
+    if c.target != "ems":
+        return []
+    problems = []
+    if not c.ems_endpoint:
+        problems.append("SINK_EMS_ENDPOINT is required when SINK_TARGET=ems.")
+    else:
+        url = urlsplit(c.ems_endpoint)
+        if url.scheme not in ("https", "http") or not url.hostname:
+            problems.append(f"SINK_EMS_ENDPOINT must be an https:// URL, got {c.ems_endpoint!r}.")
+        elif url.scheme == "http" and not _is_loopback(url.hostname):
+            problems.append("SINK_EMS_ENDPOINT must use https; plain http is allowed only to a "
+                            "loopback address (127.0.0.1, ::1, localhost).")
+    if not c.ems_authorization:
+        problems.append("SINK_EMS_AUTHORIZATION is required when SINK_TARGET=ems: "
+                        "`AppKey <key>` or `Bearer <token>`.")
+    elif not c.ems_authorization.startswith(("AppKey ", "Bearer ")):
+        problems.append("SINK_EMS_AUTHORIZATION must start with `AppKey ` or `Bearer ` "
+                        "(value not shown).")
+    if not c.ems_target_table:
+        problems.append("SINK_EMS_TARGET_TABLE is required when SINK_TARGET=ems "
+                        "(`{topic}` gives one table per topic).")
+    return problems
+
+
+def _check_records(c: SinkConfig) -> list[str]:
+    problems = []
+    if c.value_schema:
+        try:
+            schema = parse_ddl(c.value_schema)
+        except DdlError as exc:
+            return [f"SINK_VALUE_SCHEMA is not valid Spark DDL: {exc}."]
+        from sink_service.records import METADATA_COLUMNS
+
+        known = set(schema.names) | set(METADATA_COLUMNS)
+        for key in c.primary_keys:
+            if key not in known:
+                problems.append(f"SINK_PRIMARY_KEYS names `{key}`, which SINK_VALUE_SCHEMA does not declare.")
+        if c.order_field not in known:
+            problems.append(f"SINK_ORDER_FIELD names `{c.order_field}`, which SINK_VALUE_SCHEMA does not declare.")
+    if len(set(c.primary_keys)) != len(c.primary_keys):
+        problems.append("SINK_PRIMARY_KEYS lists a field twice.")
+    return problems
+
+
+_CHECKS: tuple[Callable[[SinkConfig], list[str]], ...] = (_check_kafka, _check_target, _check_records)
+
+
+def reference_markdown() -> str:
+    """The README's configuration reference, generated from the declarations."""
+    lines: list[str] = []
+    group = None
+    for f in declared_fields():
+        meta = f.metadata
+        if meta["group"] != group:
+            group = meta["group"]
+            lines += ["", f"#### {group}", "", "| Variable | Default | Description |", "|---|---|---|"]
+        default = f.default
+        if isinstance(default, tuple):
+            default = ",".join(default)
+        shown = "" if default in (None, "") else f"`{default}`"
+        doc = meta["doc"]
+        if meta["choices"]:
+            doc += " One of: " + ", ".join(f"`{c}`" for c in meta["choices"]) + "."
+        if meta["secret"]:
+            doc += " **Secret**: masked in logs."
+        lines.append(f"| `{meta['env']}` | {shown} | {doc} |")
+    lines += [
+        "",
+        "#### Kafka client pass-through",
+        "",
+        "Any other `SINK_KAFKA_<NAME>` is passed to librdkafka as `<name>` lowercased with `_` "
+        "turned into `.`, e.g. `SINK_KAFKA_SECURITY_PROTOCOL=SASL_SSL`, "
+        "`SINK_KAFKA_SASL_MECHANISM=SCRAM-SHA-512`, `SINK_KAFKA_SASL_USERNAME`, "
+        "`SINK_KAFKA_SASL_PASSWORD`. Names containing PASSWORD, SECRET, TOKEN or CREDENTIAL are "
+        "secret and masked in logs. `bootstrap.servers`, `group.id` and `enable.auto.commit` are "
+        "set by the service.",
+    ]
+    return "\n".join(lines).lstrip("\n") + "\n"

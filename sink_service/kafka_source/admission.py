@@ -1,0 +1,101 @@
+"""Per topic-partition admission: decide which pending offsets the next micro-batch reads.
+
+A partition's pending data is released when it reaches the record threshold, when its estimated
+Parquet size reaches the byte threshold, or when its oldest pending record has waited longer
+than the interval on the wall clock. Each partition is judged on its own, so an idle partition
+is flushed on time even while others are busy. Pure logic, no Kafka: unit-tested directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    records: int
+    bytes: int
+    interval_s: float
+    max_ranges_per_batch: int
+
+
+@dataclass(frozen=True)
+class Range:
+    topic: str
+    partition: int
+    start: int
+    end: int  # exclusive
+
+    @property
+    def records(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class Admission:
+    thresholds: Thresholds
+    # Wall-clock time at which each partition was first seen with pending data.
+    pending_since: dict[TopicPartition, float] = field(default_factory=dict)
+
+    def plan(
+        self,
+        start: dict[TopicPartition, int],
+        available: dict[TopicPartition, int],
+        now: float,
+        bytes_per_record: dict[str, float] | None = None,
+    ) -> dict[TopicPartition, int]:
+        """End offsets for the next batch; a partition not admitted keeps its start offset."""
+        limits = self.thresholds
+        estimates = bytes_per_record or {}
+        due: list[tuple[float, TopicPartition, int]] = []
+        for tp, begin in start.items():
+            pending = available.get(tp, begin) - begin
+            if pending <= 0:
+                self.pending_since.pop(tp, None)
+                continue
+            since = self.pending_since.setdefault(tp, now)
+            records_per_file = limits.records
+            estimate = estimates.get(tp[0])
+            if estimate:
+                records_per_file = max(1, min(records_per_file, int(limits.bytes / estimate)))
+            if now - since >= limits.interval_s:
+                admit = pending
+            else:
+                admit = (pending // records_per_file) * records_per_file
+            if admit > 0:
+                due.append((since, tp, admit))
+
+        end = dict(start)
+        # Oldest pending data first; every due partition gets one file's worth before any gets two.
+        due.sort()
+        budget = limits.max_ranges_per_batch
+        grants = {tp: 0 for _, tp, _ in due}
+        while budget > 0:
+            progressed = False
+            for _, tp, admit in due:
+                if budget == 0:
+                    break
+                if grants[tp] < admit:
+                    grants[tp] = min(admit, grants[tp] + limits.records)
+                    budget -= 1
+                    progressed = True
+            if not progressed:
+                break
+        for tp, granted in grants.items():
+            if granted <= 0:
+                continue
+            end[tp] = start[tp] + granted
+            if end[tp] >= available[tp]:
+                self.pending_since.pop(tp, None)
+            # Otherwise keep the old timestamp: what is left has waited at least that long.
+        return end
+
+
+def split(topic: str, partition: int, start: int, end: int, max_records: int) -> list[Range]:
+    """Cut one partition's admitted offsets into ranges of at most `max_records` (one task each)."""
+    return [
+        Range(topic, partition, begin, min(begin + max_records, end))
+        for begin in range(start, end, max_records)
+    ]

@@ -1,0 +1,152 @@
+"""The Kafka source as a Spark Python DataSource (streaming reader with admission control).
+
+Planning (`latestOffset`, `partitions`) runs in one Python process beside the driver JVM;
+`read` runs inside executor tasks, one task per topic-partition offset range.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit
+
+from sink_service.kafka_source.admission import Admission, Range, Thresholds, split
+from sink_service.kafka_source.offsets import KafkaOffsets, TopicSelection, flatten, nest
+from sink_service.kafka_source.range_reader import consumer_config, read_range
+from sink_service.records import RAW_SCHEMA_DDL
+
+log = logging.getLogger(__name__)
+
+FORMAT_NAME = "kafka_tp_ranges"
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Everything the source needs, passed as one JSON option (Spark options are strings)."""
+
+    client_config: dict[str, str]
+    group_id: str
+    topics: tuple[str, ...]
+    topic_pattern: str | None
+    starting_offsets: str
+    starting_positions: dict[str, dict[str, int]]  # resolved by the driver right before start
+    flush_records: int
+    flush_bytes: int
+    flush_interval_ms: int
+    max_files_per_batch: int
+    topic_refresh_interval_ms: int
+    size_estimates_path: str
+
+    def to_option(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_option(cls, text: str) -> SourceOptions:
+        data = json.loads(text)
+        data["topics"] = tuple(data["topics"])
+        return cls(**data)
+
+
+class KafkaRangePartition(InputPartition):
+    def __init__(self, rng: Range):
+        super().__init__(rng)
+        self.range = rng
+
+
+class KafkaRangeDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> str:
+        return RAW_SCHEMA_DDL
+
+    def streamReader(self, schema) -> KafkaRangeStreamReader:
+        return KafkaRangeStreamReader(SourceOptions.from_option(self.options["secret_config"]))
+
+
+class KafkaRangeStreamReader(DataSourceStreamReader):
+    def __init__(self, options: SourceOptions):
+        self.options = options
+        self._offsets: KafkaOffsets | None = None  # created lazily: executors never need it
+        self._admission: Admission | None = None
+        self._known: dict[tuple[str, int], int] = {}
+        self._refreshed_at = 0.0
+        self._estimates: dict[str, float] = {}
+        self._estimates_read_at = 0.0
+
+    def __getstate__(self) -> dict:
+        return {"options": self.options}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["options"])
+
+    # --- planning (driver side) ----------------------------------------------------------------
+    def _kafka(self) -> KafkaOffsets:
+        if self._offsets is None:
+            self._offsets = KafkaOffsets(self.options.client_config, self.options.group_id)
+            o = self.options
+            self._admission = Admission(
+                Thresholds(o.flush_records, o.flush_bytes, o.flush_interval_ms / 1000, o.max_files_per_batch)
+            )
+        return self._offsets
+
+    def initialOffset(self) -> dict:
+        return self.options.starting_positions
+
+    def _discover(self, start: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        """Add topics and partitions that appeared since the query started."""
+        now = time.monotonic()
+        if now - self._refreshed_at < self.options.topic_refresh_interval_ms / 1000:
+            return start
+        self._refreshed_at = now
+        kafka = self._kafka()
+        selection = TopicSelection(self.options.topics, self.options.topic_pattern)
+        new = [tp for tp in kafka.partitions(selection) if tp not in start]
+        if not new:
+            return start
+        positions = kafka.resolve_start(new, self.options.starting_offsets, "fail")
+        log.info("discovered %d new partition(s): %s", len(new), positions)
+        return {**start, **positions}
+
+    def _bytes_per_record(self) -> dict[str, float]:
+        """Parquet bytes per record seen in past files; a hint for admission only."""
+        now = time.monotonic()
+        if now - self._estimates_read_at > 5:
+            self._estimates_read_at = now
+            with contextlib.suppress(OSError, ValueError):
+                self._estimates = json.loads(Path(self.options.size_estimates_path).read_text())
+        return self._estimates
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        kafka = self._kafka()
+        current = self._discover(flatten(start))
+        available = kafka.latest(current)
+        end = self._admission.plan(current, available, time.time(), self._bytes_per_record())
+        return nest(end)
+
+    def partitions(self, start: dict, end: dict) -> list[KafkaRangePartition]:
+        begin, finish = flatten(start), flatten(end)
+        ranges = []
+        for (topic, partition), stop in finish.items():
+            first = begin.get((topic, partition), stop)
+            ranges += split(topic, partition, first, stop, self.options.flush_records)
+        return [KafkaRangePartition(r) for r in ranges]
+
+    def commit(self, end: dict) -> None:
+        # Progress is committed to Kafka by the driver after upload, not here: Spark calls this
+        # only when the *next* batch starts, which would hold back an idle partition's commit.
+        pass
+
+    # --- reading (executor side) ---------------------------------------------------------------
+    def read(self, partition: KafkaRangePartition) -> Iterator[pa.RecordBatch]:
+        o = self.options
+        yield from read_range(partition.range, consumer_config(o.client_config, o.group_id))

@@ -1,0 +1,136 @@
+"""Offsets as Kafka knows them: topics, watermarks and the consumer group's committed offsets.
+
+The consumer group's committed offsets are the service's only record of progress, so reading
+where to start and committing what was uploaded both go through this one module.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+log = logging.getLogger(__name__)
+
+TP = tuple[str, int]
+_TIMEOUT_S = 30.0
+
+
+class RetentionGapError(Exception):
+    """A committed offset points at records the broker has already deleted."""
+
+
+@dataclass(frozen=True)
+class TopicSelection:
+    topics: tuple[str, ...]
+    pattern: str | None
+
+    def matches(self, topic: str) -> bool:
+        if self.pattern is not None:
+            return not topic.startswith("__") and re.fullmatch(self.pattern, topic) is not None
+        return topic in self.topics
+
+
+def flatten(nested: Mapping[str, Mapping[str, int]]) -> dict[TP, int]:
+    """Spark offsets are JSON: {"topic": {"0": 42}}; code works on {(topic, 0): 42}."""
+    return {(topic, int(p)): int(o) for topic, parts in nested.items() for p, o in parts.items()}
+
+
+def nest(flat: Mapping[TP, int]) -> dict[str, dict[str, int]]:
+    nested: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(flat.items()):
+        nested.setdefault(topic, {})[str(partition)] = offset
+    return nested
+
+
+class KafkaOffsets:
+    """Thin, explicit wrapper over the admin API; every call is a round trip to the brokers."""
+
+    def __init__(self, client_config: Mapping[str, str], group_id: str):
+        self._admin = AdminClient(dict(client_config))
+        self._group_id = group_id
+
+    def partitions(self, selection: TopicSelection) -> list[TP]:
+        metadata = self._admin.list_topics(timeout=_TIMEOUT_S)
+        found = [
+            (name, p)
+            for name, topic in metadata.topics.items()
+            if topic.error is None and selection.matches(name)
+            for p in topic.partitions
+        ]
+        missing = [t for t in selection.topics if t not in metadata.topics]
+        if missing:
+            log.warning("topics not found (yet): %s", ", ".join(missing))
+        return sorted(found)
+
+    def _list_offsets(self, tps: Iterable[TP], spec: OffsetSpec) -> dict[TP, int]:
+        request = {TopicPartition(t, p): spec for t, p in tps}
+        if not request:
+            return {}
+        futures = self._admin.list_offsets(
+            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=_TIMEOUT_S
+        )
+        return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+
+    def earliest(self, tps: Iterable[TP]) -> dict[TP, int]:
+        return self._list_offsets(tps, OffsetSpec.earliest())
+
+    def latest(self, tps: Iterable[TP]) -> dict[TP, int]:
+        """Last stable offset: records of open transactions are not readable yet."""
+        return self._list_offsets(tps, OffsetSpec.latest())
+
+    def committed(self, tps: Iterable[TP]) -> dict[TP, int]:
+        """Committed offsets of the group; partitions without a commit are absent."""
+        request = [TopicPartition(t, p) for t, p in tps]
+        if not request:
+            return {}
+        futures = self._admin.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(self._group_id, request)], request_timeout=_TIMEOUT_S
+        )
+        result = next(iter(futures.values())).result()
+        return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions if tp.offset >= 0}
+
+    def commit(self, offsets: Mapping[TP, int]) -> None:
+        """Commit `next offset to read` per partition; raises if the broker refuses any."""
+        if not offsets:
+            return
+        request = [TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())]
+        futures = self._admin.alter_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(self._group_id, request)], request_timeout=_TIMEOUT_S
+        )
+        result = next(iter(futures.values())).result()
+        errors = [tp for tp in result.topic_partitions if tp.error is not None]
+        if errors:
+            raise KafkaException(f"commit refused for {errors}")
+
+    def resolve_start(self, tps: list[TP], starting: str, gap_policy: str) -> dict[TP, int]:
+        """Where each partition starts: its committed offset, else `starting`; checks retention."""
+        committed = self.committed(tps)
+        low = self.earliest(tps)
+        high = self.latest(tps) if starting == "latest" else {}
+        start: dict[TP, int] = {}
+        gaps = []
+        for tp in tps:
+            if tp not in committed:
+                start[tp] = high[tp] if starting == "latest" else low[tp]
+            elif committed[tp] < low[tp]:
+                gaps.append((tp, committed[tp], low[tp]))
+                start[tp] = low[tp]
+            else:
+                start[tp] = committed[tp]
+        for (topic, partition), was, now in gaps:
+            where = f"topic={topic} partition={partition}: committed offset {was} but the earliest "
+            where += f"available is {now}; {now - was} record(s) were deleted by retention"
+            if gap_policy == "fail":
+                raise RetentionGapError(
+                    where + ". Nothing was skipped. To accept the loss and continue from the earliest "
+                    "available offset, set SINK_RETENTION_GAP_POLICY=skip."
+                )
+            log.error("RECORDS LOST: %s. Skipping ahead because SINK_RETENTION_GAP_POLICY=skip.", where)
+        if gaps:
+            self.commit({tp: now for tp, _, now in gaps})
+        return start

@@ -1,0 +1,114 @@
+"""Executor side: read one topic-partition offset range and yield it as Arrow record batches.
+
+Consumers are cached per Python worker process and reused across tasks, because connecting
+costs far more than reading a typical range.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from sink_service.kafka_source.admission import Range
+from sink_service.records import RAW_SCHEMA
+
+BATCH_RECORDS = 20_000
+# A planned range lies below the last stable offset, so silence this long means trouble.
+STALL_TIMEOUT_S = 120.0
+
+_consumers: dict[tuple[tuple[str, str], ...], Consumer] = {}
+
+
+def consumer_config(client_config: Mapping[str, str], group_id: str) -> dict[str, object]:
+    return {
+        **client_config,
+        "group.id": group_id,  # never joins: ranges are assigned, commits happen on the driver
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": True,
+        "isolation.level": "read_committed",
+        # Never jump silently: a range that fell out of retention is an error, not a reset.
+        "auto.offset.reset": "error",
+        "receive.message.max.bytes": 1_000_000_000,
+        "queued.max.messages.kbytes": 65_536,
+    }
+
+
+def _consumer(config: Mapping[str, object]) -> Consumer:
+    key = tuple(sorted((k, str(v)) for k, v in config.items()))
+    consumer = _consumers.get(key)
+    if consumer is None:
+        consumer = _consumers[key] = Consumer(dict(config))
+    return consumer
+
+
+def _batch(rng: Range, messages: list) -> pa.RecordBatch:
+    n = len(messages)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([rng.topic] * n, pa.string()),
+            pa.array([rng.partition] * n, pa.int32()),
+            pa.array([m.offset() for m in messages], pa.int64()),
+            pa.array([m.timestamp()[1] for m in messages], pa.int64()),
+            pa.array([m.key() for m in messages], pa.binary()),
+            pa.array([m.value() for m in messages], pa.binary()),
+            pa.array([rng.start] * n, pa.int64()),
+            pa.array([rng.end] * n, pa.int64()),
+        ],
+        schema=RAW_SCHEMA,
+    )
+
+
+def range_marker(rng: Range) -> pa.RecordBatch:
+    """One row with a null offset: tells the writer a range existed even if it held no records."""
+    return pa.RecordBatch.from_pylist(
+        [{"topic": rng.topic, "partition": rng.partition, "range_start": rng.start, "range_end": rng.end}],
+        schema=RAW_SCHEMA,
+    )
+
+
+def read_range(rng: Range, config: Mapping[str, object]) -> Iterator[pa.RecordBatch]:
+    """Yield the records with offsets in [start, end), then a range marker."""
+    consumer = _consumer(config)
+    consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
+    try:
+        position = rng.start
+        pending: list = []
+        last_progress = time.monotonic()
+        while position < rng.end:
+            messages = consumer.consume(num_messages=min(BATCH_RECORDS, rng.end - position), timeout=1.0)
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        # Transaction markers and compaction leave offsets with no record.
+                        position = max(position, message.offset())
+                        continue
+                    raise KafkaException(
+                        f"reading topic={rng.topic} partition={rng.partition} at offset {position}: {error}"
+                    )
+                if message.offset() >= rng.end:
+                    position = rng.end
+                    break
+                pending.append(message)
+                position = message.offset() + 1
+            if messages:
+                last_progress = time.monotonic()
+            elif time.monotonic() - last_progress > STALL_TIMEOUT_S:
+                raise TimeoutError(
+                    f"no data from topic={rng.topic} partition={rng.partition} at offset {position} "
+                    f"for {STALL_TIMEOUT_S:.0f}s (range ends at {rng.end}); is the broker reachable?"
+                )
+            if len(pending) >= BATCH_RECORDS:
+                yield _batch(rng, pending)
+                pending = []
+        if pending:
+            yield _batch(rng, pending)
+        if position < rng.end:
+            raise RuntimeError(f"range {rng} ended early at {position}")
+        yield range_marker(rng)
+    finally:
+        consumer.unassign()

@@ -1,0 +1,66 @@
+"""Logging: one line per event, secrets scrubbed from every message as a last line of defence."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterable
+
+from sink_service.config import MASK
+
+
+class SecretScrubber(logging.Filter):
+    """Replaces any configured secret value that reaches a log record, however it got there."""
+
+    def __init__(self, secrets: Iterable[str]):
+        super().__init__()
+        self._secrets = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
+        # The credential part alone ("AppKey abc" -> "abc") must not leak either.
+        for secret in list(self._secrets):
+            _scheme, _, credential = secret.partition(" ")
+            if credential and len(credential) >= 4:
+                self._secrets.append(credential)
+
+    def scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, MASK)
+        return text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = self.scrub(record.getMessage())
+        record.msg, record.args = message, None
+        if record.exc_info:
+            record.exc_text = self.scrub(logging.Formatter().formatException(record.exc_info))
+            record.exc_info = None
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        event = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        event.update(getattr(record, "fields", {}))
+        if record.exc_text:
+            event["exception"] = record.exc_text
+        return json.dumps(event, default=str)
+
+
+def configure(level: str, secrets: Iterable[str], json_format: bool = False) -> SecretScrubber:
+    handler = logging.StreamHandler(sys.stderr)
+    scrubber = SecretScrubber(secrets)
+    handler.addFilter(scrubber)
+    handler.setFormatter(
+        JsonFormatter() if json_format else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    for noisy in ("py4j", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    return scrubber

@@ -1,0 +1,228 @@
+"""Driver side: the streaming query, and what happens after each micro-batch.
+
+Each micro-batch maps every admitted offset range through `process_range` on the executors,
+collects one small outcome row per range, commits contiguous progress to the consumer group,
+and fails the batch (so the query is replayed from the committed offsets) if any range did not
+finish. Spark's checkpoint is scratch: every query starts from the offsets committed in Kafka.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from sink_service.config import SinkConfig
+from sink_service.ddl import parse_ddl
+from sink_service.health import Health
+from sink_service.kafka_source.datasource import FORMAT_NAME, KafkaRangeDataSource, SourceOptions
+from sink_service.kafka_source.offsets import KafkaOffsets, TopicSelection, nest
+from sink_service.offset_commit import ContiguousCommits, RangeOutcome
+from sink_service.partition_task import RESULT_SCHEMA_DDL, STATUS_FATAL, STATUS_OK, TaskSpec, process_range
+from sink_service.records import DecodeSpec
+from sink_service.targets import build_target, target_settings
+
+log = logging.getLogger("sink_service.pipeline")
+
+LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
+
+
+class BatchIncomplete(Exception):
+    """Some range did not finish; the query is replayed from the committed offsets."""
+
+
+class FatalPipelineError(Exception):
+    """Retrying cannot fix this; the service stops with a non-zero exit."""
+
+
+def start_spark(config: SinkConfig) -> SparkSession:
+    # Executors must run this interpreter, the one that has the project's dependencies.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if config.spark_master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    java_options = f"-Dlog4j2.configurationFile=file:{LOG4J2_PROPERTIES}"
+    builder = (
+        SparkSession.builder.master(config.spark_master)
+        .appName("kafka-parquet-sink")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.sql.streaming.stopActiveRunOnRestart", "true")
+        .config("spark.driver.extraJavaOptions", java_options)
+        .config("spark.executor.extraJavaOptions", java_options)
+        .config("spark.local.dir", str(Path(config.scratch_dir) / "spark-local"))
+    )
+    # The JVM inherits an ignored SIGTERM and then keeps ignoring it, so a SIGTERM sent to the
+    # whole process group cannot kill it before the service has drained and committed.
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        spark = builder.getOrCreate()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    spark.sparkContext.setLogLevel("WARN")
+    spark.dataSource.register(KafkaRangeDataSource)
+    return spark
+
+
+@dataclass
+class _SizeEstimates:
+    """Parquet bytes per record per topic, learned from uploaded files, shared with the planner."""
+
+    path: Path
+    per_topic: dict[str, float]
+
+    def learn(self, topic: str, size_bytes: int, records: int) -> None:
+        if records <= 0:
+            return
+        sample = size_bytes / records
+        old = self.per_topic.get(topic)
+        self.per_topic[topic] = sample if old is None else 0.7 * old + 0.3 * sample
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.per_topic))
+        tmp.replace(self.path)
+
+
+class Pipeline:
+    def __init__(self, config: SinkConfig, spark: SparkSession, health: Health):
+        self.config = config
+        self.spark = spark
+        self.health = health
+        self.client_config = {"bootstrap.servers": config.kafka_bootstrap_servers, **config.kafka_options}
+        self.kafka = KafkaOffsets(self.client_config, config.group_id)
+        self.selection = TopicSelection(config.topics, config.topic_pattern)
+        self.stopping = threading.Event()
+        self.batch_running = threading.Event()
+        self.fatal_error: str | None = None
+        self._commits: ContiguousCommits | None = None
+        scratch = Path(config.scratch_dir)
+        scratch.mkdir(parents=True, exist_ok=True)
+        self._estimates = _SizeEstimates(scratch / "size-estimates.json", {})
+        value_schema = parse_ddl(config.value_schema) if config.value_schema else None
+        self.task_spec = TaskSpec(
+            decode=DecodeSpec(value_schema, config.primary_keys, config.order_field),
+            target_settings=target_settings(config),
+            build_target=build_target,
+            table_template=config.ems_target_table or "{topic}",
+            scratch_dir=str(scratch),
+            flush_bytes=config.flush_bytes,
+            flush_records=config.flush_records,
+            compression=config.parquet_compression,
+            error_policy=config.error_policy,
+        )
+
+    def start_query(self) -> StreamingQuery:
+        """Start from the consumer group's committed offsets (checked against retention)."""
+        c = self.config
+        tps = self.kafka.partitions(self.selection)
+        positions = self.kafka.resolve_start(tps, c.starting_offsets, c.retention_gap_policy)
+        self.health.update(broker_ok=True)
+        self._commits = ContiguousCommits(positions)
+        log.info("starting query at %s", {f"{t}:{p}": o for (t, p), o in sorted(positions.items())})
+        checkpoint = Path(c.scratch_dir) / "checkpoints" / uuid.uuid4().hex
+        shutil.rmtree(checkpoint.parent, ignore_errors=True)
+        options = SourceOptions(
+            client_config=self.client_config,
+            group_id=c.group_id,
+            topics=c.topics,
+            topic_pattern=c.topic_pattern,
+            starting_offsets=c.starting_offsets,
+            starting_positions=nest(positions),
+            flush_records=c.flush_records,
+            flush_bytes=c.flush_bytes,
+            flush_interval_ms=c.flush_interval_ms,
+            max_files_per_batch=c.max_files_per_batch,
+            topic_refresh_interval_ms=c.topic_refresh_interval_ms,
+            size_estimates_path=str(self._estimates.path),
+        )
+        stream = (
+            self.spark.readStream.format(FORMAT_NAME)
+            # The key contains "secret" so that Spark redacts the value (it holds Kafka
+            # credentials) wherever it prints options.
+            .option("secret_config", options.to_option())
+            .load()
+        )
+        return (
+            stream.writeStream.foreachBatch(self._on_batch)
+            .trigger(processingTime=f"{c.poll_interval_ms} milliseconds")
+            .option("checkpointLocation", str(checkpoint))
+            .queryName("kafka-parquet-sink")
+            .start()
+        )
+
+    def _on_batch(self, batch: DataFrame, batch_id: int) -> None:
+        if self.stopping.is_set():
+            return  # shutting down: admit nothing new; Kafka still holds it
+        self.batch_running.set()
+        started = time.monotonic()
+        try:
+            task = functools.partial(process_range, self.task_spec)
+            rows = batch.mapInArrow(task, RESULT_SCHEMA_DDL).collect()
+            self._settle(batch_id, rows, time.monotonic() - started)
+        finally:
+            self.batch_running.clear()
+
+    def _settle(self, batch_id: int, rows: list, duration_s: float) -> None:
+        outcomes = [
+            RangeOutcome(r.topic, r.partition, r.range_start, r.range_end, r.committable, r.status)
+            for r in rows
+        ]
+        commits, gaps = self._commits.advance(outcomes)
+        self.kafka.commit(commits)
+        if commits:
+            self.health.update(last_commit_at=time.time())
+        records = sum(r.records_uploaded for r in rows)
+        for row in rows:
+            self._report_range(row)
+        log.info(
+            "batch %d: %d range(s), %d record(s) uploaded, committed %s in %.2fs",
+            batch_id, len(rows), records,
+            {f"{t}:{p}": o for (t, p), o in sorted(commits.items())} or "nothing", duration_s,
+        )
+        self._estimates.save()
+        failed = [r for r in rows if r.status != STATUS_OK]
+        fatal = [r for r in failed if r.status == STATUS_FATAL]
+        if fatal:
+            self.fatal_error = fatal[0].error
+            raise FatalPipelineError(self.fatal_error)
+        if failed or gaps:
+            reasons = [f"{r.topic}:{r.partition} [{r.range_start},{r.range_end}): {r.error}" for r in failed]
+            self.health.update(last_batch_ok=False, reason=f"batch {batch_id} failed: {reasons or gaps}")
+            raise BatchIncomplete("; ".join(reasons + gaps))
+        self.health.update(last_batch_ok=True, reason="")
+
+    def _report_range(self, row) -> None:
+        for upload in json.loads(row.files):
+            self._estimates.learn(row.topic, upload["bytes"], upload["records"])
+            log.info(
+                "uploaded topic=%s partition=%d offsets=%d-%d rows=%d bytes=%d duration=%.3fs "
+                "attempts=%d target=%s id=%s",
+                row.topic, row.partition, upload["first_offset"], upload["last_offset"],
+                upload["records"], upload["bytes"], upload["duration_s"], upload["attempts"],
+                self.config.target, upload["response_id"],
+            )
+        if row.bad_records:
+            log.warning(
+                "topic=%s partition=%d: %d bad record(s) %s (SINK_ERROR_POLICY=%s): %s",
+                row.topic, row.partition, row.bad_records,
+                "skipped" if self.config.error_policy == "skip" else "found",
+                self.config.error_policy, "; ".join(json.loads(row.bad_samples)),
+            )
+        if row.status != STATUS_OK:
+            log.error("topic=%s partition=%d range [%d,%d) stopped at %d: %s", row.topic, row.partition,
+                      row.range_start, row.range_end, row.committable, row.error)

@@ -1,0 +1,128 @@
+"""Service lifecycle: start, replay failed batches with backoff, drain on SIGTERM, exit codes.
+
+Exit codes: 0 after a clean stop, 2 for configuration errors, 3 when retrying cannot help (bad
+credentials, a bad record under SINK_ERROR_POLICY=fail, a retention gap under the default
+policy). Everything else is retried from the committed offsets while the process stays up.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from types import FrameType
+
+from confluent_kafka import KafkaException
+from pyspark.errors import StreamingQueryException
+
+from sink_service.config import SinkConfig
+from sink_service.health import Health, HealthServer
+from sink_service.kafka_source.offsets import RetentionGapError
+from sink_service.pipeline import Pipeline, start_spark
+
+log = logging.getLogger("sink_service")
+
+EXIT_OK = 0
+EXIT_CONFIG = 2
+EXIT_FATAL = 3
+
+
+class SinkService:
+    def __init__(self, config: SinkConfig):
+        self.config = config
+        self.health = Health()
+        self._stop_requested = threading.Event()
+        self._pipeline: Pipeline | None = None
+
+    def request_stop(self, signum: int | None = None, _frame: FrameType | None = None) -> None:
+        if not self._stop_requested.is_set():
+            log.info("stop requested (%s): no new data is admitted", signal.Signals(signum).name if signum else "api")
+        self._stop_requested.set()
+        self.health.update(stopping=True, reason="shutting down")
+        if self._pipeline is not None:
+            self._pipeline.stopping.set()
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+        server = None
+        if self.config.http_port:
+            server = HealthServer(self.health, self.config.http_port)
+            server.start()
+            log.info("health endpoints on port %d: /healthz /readyz", server.port)
+        spark = start_spark(self.config)
+        try:
+            self._pipeline = Pipeline(self.config, spark, self.health)
+            if self._stop_requested.is_set():
+                self._pipeline.stopping.set()
+            return self._supervise(self._pipeline)
+        finally:
+            spark.stop()
+            if server is not None:
+                server.stop()
+            log.info("stopped")
+
+    def _supervise(self, pipeline: Pipeline) -> int:
+        backoff_s = 1.0
+        while not self._stop_requested.is_set():
+            try:
+                query = pipeline.start_query()
+            except RetentionGapError as exc:
+                log.error("%s", exc)
+                return EXIT_FATAL
+            except KafkaException as exc:
+                self.health.update(broker_ok=False, reason=f"broker unreachable: {exc}")
+                log.error("cannot reach Kafka: %s; retrying in %.0fs", exc, backoff_s)
+                backoff_s = self._backoff(backoff_s)
+                continue
+            self.health.update(query_running=True)
+            while query.isActive and not self._stop_requested.is_set():
+                try:
+                    query.awaitTermination(0.5)
+                except StreamingQueryException:
+                    break
+                if self.health.last_batch_ok:
+                    backoff_s = 1.0
+            self.health.update(query_running=False)
+            if self._stop_requested.is_set():
+                return self._drain(pipeline, query)
+            if pipeline.fatal_error is not None:
+                log.error("stopping: %s", pipeline.fatal_error)
+                return EXIT_FATAL
+            error = query.exception()
+            self.health.update(last_batch_ok=False, reason=f"micro-batch failed: {_first_line(error)}")
+            log.error("micro-batch failed; replaying from the committed offsets in %.0fs: %s",
+                      backoff_s, _summary(error))
+            backoff_s = self._backoff(backoff_s)
+        return EXIT_OK
+
+    def _backoff(self, current_s: float) -> float:
+        self._stop_requested.wait(current_s)
+        return min(current_s * 2, self.config.restart_backoff_max_ms / 1000)
+
+    def _drain(self, pipeline: Pipeline, query) -> int:
+        """Let the in-flight batch finish uploading and commit, within the shutdown timeout."""
+        deadline = time.monotonic() + self.config.shutdown_timeout_ms / 1000
+        while pipeline.batch_running.is_set() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        drained = not pipeline.batch_running.is_set()
+        if not drained:
+            log.warning("shutdown timeout reached with uploads in flight; they will be replayed "
+                        "from the committed offsets on the next start")
+        query.stop()
+        log.info("drained=%s; committed offsets are the restart point", drained)
+        return EXIT_OK
+
+
+def _first_line(error: object) -> str:
+    return str(error).strip().splitlines()[0][:300] if error else "unknown"
+
+
+def _summary(error: object) -> str:
+    """Spark wraps Python errors in JVM stack traces; keep the lines that say what happened."""
+    if error is None:
+        return "unknown"
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    wanted = [line for line in lines if "Error" in line or "Exception" in line or "failed" in line]
+    return " | ".join((wanted or lines)[:6])[:2000]
