@@ -141,6 +141,13 @@ class SinkConfig:
     ems_fallback_varchar_length: int | None = setting(
         "SINK_EMS_FALLBACK_VARCHAR_LENGTH", "EMS `fallbackVarcharLength` (optional).", minimum=1,
         group="Target")
+    ems_proxy_url: str | None = setting(
+        "SINK_EMS_PROXY_URL", "Proxy for EMS traffic: `http://host:port`, `https://...` or "
+        "`socks5://...`. Overrides HTTPS_PROXY.", group="Target")
+    ems_proxy_username: str | None = setting(
+        "SINK_EMS_PROXY_USERNAME", "Proxy user name (optional).", group="Target")
+    ems_proxy_password: str | None = setting(
+        "SINK_EMS_PROXY_PASSWORD", "Proxy password (optional).", secret=True, group="Target")
     upload_timeout_ms: int = setting(
         "SINK_UPLOAD_TIMEOUT_MS", "Timeout of one upload request.", 60_000, minimum=100,
         group="Target")
@@ -308,6 +315,8 @@ def _check_target(c: SinkConfig) -> list[str]:
     elif not c.ems_authorization.startswith(("AppKey ", "Bearer ")):
         problems.append("SINK_EMS_AUTHORIZATION must start with `AppKey ` or `Bearer ` "
                         "(value not shown).")
+    if c.ems_proxy_url and urlsplit(c.ems_proxy_url).scheme not in ("http", "https", "socks5", "socks5h"):
+        problems.append("SINK_EMS_PROXY_URL must start with http://, https://, socks5:// or socks5h://.")
     if not c.ems_target_table:
         problems.append("SINK_EMS_TARGET_TABLE is required when SINK_TARGET=ems "
                         "(`{topic}` gives one table per topic).")
@@ -368,3 +377,20 @@ def reference_markdown() -> str:
         "set by the service.",
     ]
     return "\n".join(lines).lstrip("\n") + "\n"
+
+
+README_START, README_END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
+
+
+def with_reference(readme: str) -> str:
+    """The README text with its configuration reference block regenerated."""
+    head, rest = readme.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    return f"{head}{README_START}\n{reference_markdown()}{README_END}{tail}"
+
+
+if __name__ == "__main__":  # python -m sink_service.config: regenerate the README's reference
+    from pathlib import Path
+
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    readme.write_text(with_reference(readme.read_text()))

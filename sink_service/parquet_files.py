@@ -44,6 +44,30 @@ def _file_schema(schema: pa.Schema) -> pa.Schema:
     ])
 
 
+def _widens(source: pa.DataType, target: pa.DataType) -> bool:
+    """Whether every value of `source` has a lossless home in `target`.
+
+    Arrow would happily cast a struct to one with fewer fields, dropping data; only widening
+    casts are allowed here, anything else starts a new file.
+    """
+    if source == target or pa.types.is_null(source):
+        return True
+    if pa.types.is_integer(source):
+        return pa.types.is_floating(target) or (
+            pa.types.is_integer(target)
+            and pa.types.is_signed_integer(source) == pa.types.is_signed_integer(target)
+            and target.bit_width >= source.bit_width
+        )
+    if pa.types.is_floating(source):
+        return pa.types.is_floating(target) and target.bit_width >= source.bit_width
+    if pa.types.is_struct(source) and pa.types.is_struct(target):
+        fields = {f.name: f.type for f in target}
+        return all(f.name in fields and _widens(f.type, fields[f.name]) for f in source)
+    if pa.types.is_list(source) and pa.types.is_list(target):
+        return _widens(source.value_type, target.value_type)
+    return False
+
+
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table | None:
     """Cast `table` to `schema` (missing columns become null); None when it cannot be done safely."""
     if any(name not in schema.names for name in table.column_names):
@@ -55,6 +79,8 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table | None:
             continue
         column = table.column(target.name)
         if column.type != target.type:
+            if not _widens(column.type, target.type):
+                return None
             try:
                 column = column.cast(target.type, safe=True)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
@@ -111,7 +137,9 @@ class PartitionFileWriter:
             fitted = conform(table, self._schema)
             if fitted is None:
                 self._close_file()
-                self._schema = _merged_schema(self._schema, table.schema)
+                merged = _merged_schema(self._schema, table.schema)
+                # The merged schema must accept these rows; if not, they define the next file.
+                self._schema = merged if conform(table, merged) is not None else _file_schema(table.schema)
                 continue
             room = self._max_records - self._file_rows - self._buffered_rows
             head, table = fitted.slice(0, room), fitted.slice(room)

@@ -20,6 +20,9 @@ def target_settings(config: SinkConfig) -> Hashable:
         client_id=config.ems_client_id,
         connection_id=config.ems_connection_id,
         fallback_varchar_length=config.ems_fallback_varchar_length,
+        proxy_url=config.ems_proxy_url,
+        proxy_username=config.ems_proxy_username,
+        proxy_password=config.ems_proxy_password,
         request_timeout_s=config.upload_timeout_ms / 1000,
         retry=retry,
     )

@@ -1,0 +1,65 @@
+"""Assertions shared by the end-to-end tests."""
+
+from __future__ import annotations
+
+import re
+
+from devkit.kafka_data import Workload, committed_offsets, end_offsets
+from local_ems.server import LocalEmsServer
+
+_FILE_NAME = re.compile(r"topic-(?P<topic>.+)_partition-(?P<p>\d+)_firstOffset-(?P<f>\d+)_lastOffset-(?P<l>\d+)\.parquet")
+
+
+def table_matches(ems: LocalEmsServer, topic: str, workload: Workload) -> bool:
+    try:
+        rows = ems.table(topic)
+    except Exception:
+        return False
+    expected = workload.expected_rows(topic)
+    got = {row["id"]: row for row in rows}
+    return len(got) == len(expected) and all(got[k]["version"] == v["version"] for k, v in expected.items())
+
+
+def assert_table_exact(ems: LocalEmsServer, topic: str, workload: Workload) -> None:
+    rows = ems.table(topic)
+    expected = workload.expected_rows(topic)
+    got = {row["id"]: row for row in rows}
+    assert len(rows) == len(expected), f"{topic}: {len(rows)} rows, expected {len(expected)}"
+    for key, value in expected.items():
+        row = got[key]
+        for field in ("version", "status", "amount", "customer", "note"):
+            assert row[field] == value[field], f"{topic} {key}.{field}: {row[field]!r} != {value[field]!r}"
+
+
+def all_committed(bootstrap: str, group: str, topic: str, partitions: int) -> bool:
+    return committed_offsets(bootstrap, group, topic, partitions) == end_offsets(bootstrap, topic, partitions)
+
+
+def uploaded_ranges(ems: LocalEmsServer, topic: str) -> dict[int, list[tuple[int, int]]]:
+    ranges: dict[int, list[tuple[int, int]]] = {}
+    for upload in ems.uploads(topic):
+        match = _FILE_NAME.fullmatch(upload["fileName"])
+        assert match, f"unexpected file name {upload['fileName']!r}"
+        assert match["topic"] == topic
+        ranges.setdefault(int(match["p"]), []).append((int(match["f"]), int(match["l"])))
+    return ranges
+
+
+def assert_ranges_cover(ems: LocalEmsServer, topic: str, ends: dict[int, int], allow_replays: bool) -> int:
+    """Uploaded offset ranges cover [0, end) of every partition with no gap; returns the file count."""
+    ranges = uploaded_ranges(ems, topic)
+    files = 0
+    for partition, end in ends.items():
+        spans = sorted(set(ranges.get(partition, [])))
+        files += len(spans)
+        assert spans, f"{topic}:{partition} has no uploaded file"
+        if not allow_replays:
+            assert len(spans) == len(ranges[partition]), f"{topic}:{partition} uploaded a range twice"
+        covered = 0
+        for first, last in spans:
+            assert first <= covered, f"{topic}:{partition}: gap, offsets {covered}..{first - 1} never uploaded"
+            if not allow_replays:
+                assert first == covered, f"{topic}:{partition}: overlap at {first} (expected {covered})"
+            covered = max(covered, last + 1)
+        assert covered == end, f"{topic}:{partition}: uploads end at {covered}, partition ends at {end}"
+    return files

@@ -1,0 +1,86 @@
+"""End to end: a real broker, the service as a child process, the local EMS-compatible endpoint."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from devkit.kafka_data import Workload, committed_offsets, create_topics, end_offsets, produce_orders
+from devkit.service_process import wait_until
+from devkit.spark_cluster import standalone_cluster
+from tests.e2e.checks import all_committed, assert_ranges_cover, assert_table_exact, table_matches
+from tests.e2e.conftest import AUTHORIZATION
+
+pytestmark = pytest.mark.e2e
+
+
+def _deliver_two_topics(bootstrap, ems, unique, service_env, services, **overrides) -> None:
+    topics = [unique("orders"), unique("tickets")]
+    group = unique("group")
+    create_topics(bootstrap, {t: 3 for t in topics})
+    workload = Workload()
+    for n, topic in enumerate(topics):
+        produce_orders(bootstrap, topic, keys=4000, updates=5, workload=workload, seed=n)
+    service = services(service_env(",".join(topics), group, SINK_FLUSH_RECORDS=1500, **overrides))
+
+    for topic in topics:
+        wait_until(lambda t=topic: table_matches(ems, t, workload), 240, f"{topic} to converge", process=service)
+        wait_until(lambda t=topic: all_committed(bootstrap, group, t, 3), 60, f"{topic} commits", process=service)
+    assert service.terminate() == 0
+    output = service.output()
+    assert AUTHORIZATION not in output and AUTHORIZATION.split()[1] not in output
+
+    for topic in topics:
+        assert_table_exact(ems, topic, workload)
+        ends = end_offsets(bootstrap, topic, 3)
+        assert committed_offsets(bootstrap, group, topic, 3) == ends
+        files = assert_ranges_cover(ems, topic, ends, allow_replays=False)
+        assert files >= 3 * 4, f"{topic}: expected several files per partition, got {files}"
+    assert workload.produced == 40_000
+
+
+def test_two_topics_three_partitions_end_to_end(bootstrap, ems, unique, service_env, services):
+    _deliver_two_topics(bootstrap, ems, unique, service_env, services)
+
+
+@pytest.mark.cluster
+def test_end_to_end_on_standalone_cluster_with_two_workers(bootstrap, ems, unique, service_env, services):
+    with standalone_cluster(workers=2) as master:
+        _deliver_two_topics(bootstrap, ems, unique, service_env, services, SINK_SPARK_MASTER=master)
+
+
+def test_idle_partition_flushes_on_time_while_another_is_busy(bootstrap, ems, unique, service_env, services):
+    topic, group = unique("idle"), unique("group")
+    create_topics(bootstrap, {topic: 2})
+    interval_s = 3.0
+    service = services(service_env(topic, group, SINK_FLUSH_RECORDS=500, SINK_FLUSH_INTERVAL_MS=int(interval_s * 1000)))
+    busy_workload = Workload()
+    stop = threading.Event()
+
+    def keep_partition_zero_busy() -> None:
+        version = 0
+        while not stop.is_set():
+            produce_orders(bootstrap, topic, keys=200, updates=1, workload=busy_workload, seed=version,
+                           partition=0, key_prefix=f"busy-{version}")
+            version += 1
+            time.sleep(0.1)
+
+    busy = threading.Thread(target=keep_partition_zero_busy, daemon=True)
+    busy.start()
+    try:
+        wait_until(lambda: any(u["fileName"].startswith(f"topic-{topic}_partition-0") for u in ems.uploads(topic)),
+                   120, "the busy partition's first upload", process=service)
+        idle = Workload()
+        produced_at = time.monotonic()
+        produce_orders(bootstrap, topic, keys=3, updates=1, workload=idle, partition=1, key_prefix="idle")
+        wait_until(lambda: sum(1 for r in ems.table(topic) if r["id"].startswith("idle")) == 3,
+                   interval_s + 10, "the idle partition's 3 records", interval_s=0.2, process=service)
+        latency = time.monotonic() - produced_at
+    finally:
+        stop.set()
+        busy.join()
+    assert service.terminate() == 0
+    # Interval plus the poll period plus one micro-batch; never a wait for the busy partition.
+    assert latency <= interval_s + 6, f"idle partition took {latency:.1f}s with a {interval_s}s interval"
