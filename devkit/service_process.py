@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -54,10 +55,8 @@ class ServiceProcess:
                 self.process.wait(30)
             else:
                 # Reap anything left in the group (a JVM that outlived its parent).
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             self._log.close()
         return code
 

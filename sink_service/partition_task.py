@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
-from uploader.errors import FatalUploadError, RetryableUploadError
-from uploader.target import FileMetadata, Receipt, UploadTarget
 
 from sink_service.parquet_files import ClosedFile, PartitionFileWriter
 from sink_service.records import BadRecord, DecodeSpec, decode
+from uploader.errors import FatalUploadError, RetryableUploadError
+from uploader.target import FileMetadata, Receipt, UploadTarget
 
 log = logging.getLogger("sink_service.task")
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
+from sink_service.config import SinkConfig
 from uploader.ems import EmsSettings, EmsTarget
 from uploader.retry import RetryPolicy
 from uploader.target import UploadTarget
-
-from sink_service.config import SinkConfig
 
 
 def target_settings(config: SinkConfig) -> Hashable:

@@ -60,10 +60,9 @@ class Admission:
             estimate = estimates.get(tp[0])
             if estimate:
                 records_per_file = max(1, min(records_per_file, int(limits.bytes / estimate)))
-            if now - since >= limits.interval_s:
-                admit = pending
-            else:
-                admit = (pending // records_per_file) * records_per_file
+            timed_out = now - since >= limits.interval_s
+            # By count or size only whole files are admitted; by time, everything pending.
+            admit = pending if timed_out else (pending // records_per_file) * records_per_file
             if admit > 0:
                 due.append((since, tp, admit))
 

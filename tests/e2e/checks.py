@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import re
 
-from devkit.kafka_data import Workload, committed_offsets, end_offsets
 from local_ems.server import LocalEmsServer
 
-_FILE_NAME = re.compile(r"topic-(?P<topic>.+)_partition-(?P<p>\d+)_firstOffset-(?P<f>\d+)_lastOffset-(?P<l>\d+)\.parquet")
+from devkit.kafka_data import Workload, committed_offsets, end_offsets
+
+_FILE_NAME = re.compile(
+    r"topic-(?P<topic>.+)_partition-(?P<p>\d+)_firstOffset-(?P<f>\d+)_lastOffset-(?P<l>\d+)\.parquet"
+)
 
 
 def table_matches(ems: LocalEmsServer, topic: str, workload: Workload) -> bool:

@@ -95,7 +95,7 @@ def _produce_raw(bootstrap: str, topic: str, values: list[bytes | None]) -> None
 
 def _poison_values() -> list[bytes | None]:
     good = [json.dumps({"id": f"ok-{n}", "version": n}).encode() for n in range(10)]
-    return good[:4] + [b"{not json", json.dumps({"version": 1}).encode(), None] + good[4:]
+    return [*good[:4], b"{not json", json.dumps({"version": 1}).encode(), None, *good[4:]]
 
 
 def test_poison_record_under_fail_stops_with_its_coordinates(bootstrap, ems, unique, service_env, services):
