@@ -22,6 +22,10 @@ from sink_service.ddl import DdlError, parse_ddl
 MASK = "*****"
 KAFKA_PASSTHROUGH_PREFIX = "SINK_KAFKA_"
 _SECRET_WORDS = ("PASSWORD", "SECRET", "TOKEN", "CREDENTIAL")
+_SENSITIVE_KAFKA_OPTIONS = frozenset({
+    "ssl.key.pem", "ssl.certificate.pem", "ssl.keystore.password", "ssl.key.password",
+    "sasl.oauthbearer.config", "sasl.oauthbearer.client.secret", "sasl.password",
+})
 
 
 class ConfigError(Exception):
@@ -204,8 +208,9 @@ def _declared_envs() -> set[str]:
 
 
 def is_secret_kafka_option(name: str) -> bool:
-    upper = name.upper()
-    return any(word in upper for word in _SECRET_WORDS)
+    """librdkafka's sensitive properties, plus anything named like a secret."""
+    normalized = name.lower().replace("_", ".")
+    return normalized in _SENSITIVE_KAFKA_OPTIONS or any(word in normalized.upper() for word in _SECRET_WORDS)
 
 
 def kafka_passthrough(environ: Mapping[str, str]) -> dict[str, str]:
@@ -372,8 +377,9 @@ def reference_markdown() -> str:
         "Any other `SINK_KAFKA_<NAME>` is passed to librdkafka as `<name>` lowercased with `_` "
         "turned into `.`, e.g. `SINK_KAFKA_SECURITY_PROTOCOL=SASL_SSL`, "
         "`SINK_KAFKA_SASL_MECHANISM=SCRAM-SHA-512`, `SINK_KAFKA_SASL_USERNAME`, "
-        "`SINK_KAFKA_SASL_PASSWORD`. Names containing PASSWORD, SECRET, TOKEN or CREDENTIAL are "
-        "secret and masked in logs. `bootstrap.servers`, `group.id` and `enable.auto.commit` are "
+        "`SINK_KAFKA_SASL_PASSWORD`. librdkafka's sensitive properties (passwords, `ssl.key.pem`, "
+        "`sasl.oauthbearer.config`, ...) and names containing PASSWORD, SECRET, TOKEN or CREDENTIAL "
+        "are secret and masked in logs. `bootstrap.servers`, `group.id` and `enable.auto.commit` are "
         "set by the service.",
     ]
     return "\n".join(lines).lstrip("\n") + "\n"

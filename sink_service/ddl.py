@@ -55,10 +55,18 @@ class _Parser:
         self.pos += 1
         return token
 
+    def number(self, what: str) -> int:
+        token = self.take()
+        if not token.isdigit():
+            raise DdlError(f"{what} must be a number, found {token!r}")
+        return int(token)
+
     def fields(self, closing: str | None) -> list[pa.Field]:
         fields = []
         while True:
             name = self.take()
+            if name in "<>(),:":
+                raise DdlError(f"expected a field name but found {name!r}")
             if self.peek() == ":":
                 self.take(":")
             data_type = self.data_type()
@@ -83,11 +91,13 @@ class _Parser:
             precision, scale = 10, 0
             if self.peek() == "(":
                 self.take("(")
-                precision = int(self.take())
+                precision = self.number("decimal precision")
                 if self.peek() == ",":
                     self.take(",")
-                    scale = int(self.take())
+                    scale = self.number("decimal scale")
                 self.take(")")
+            if not 1 <= precision <= 38 or not 0 <= scale <= precision:
+                raise DdlError(f"DECIMAL({precision},{scale}) needs 1 <= precision <= 38 and 0 <= scale <= precision")
             return pa.decimal128(precision, scale)
         if name in ("varchar", "char") and self.peek() == "(":
             self.take("(")
@@ -99,12 +109,8 @@ class _Parser:
             self.take(">")
             return pa.list_(item)
         if name == "map":
-            self.take("<")
-            key = self.data_type()
-            self.take(",")
-            value = self.data_type()
-            self.take(">")
-            return pa.map_(key, value)
+            raise DdlError("MAP is not supported for JSON values: declare the object as STRUCT<...> or "
+                           "leave SINK_VALUE_SCHEMA unset to infer it")
         if name == "struct":
             self.take("<")
             fields = self.fields(">")

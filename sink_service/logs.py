@@ -29,7 +29,11 @@ class SecretScrubber(logging.Filter):
         return text
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = self.scrub(record.getMessage())
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # a bad format call must not break the caller
+            message = f"{record.msg} {record.args}"
+        message = self.scrub(message)
         record.msg, record.args = message, None
         if record.exc_info:
             record.exc_text = self.scrub(logging.Formatter().formatException(record.exc_info))

@@ -142,6 +142,9 @@ class PartitionFileWriter:
                 self._schema = merged if conform(table, merged) is not None else _file_schema(table.schema)
                 continue
             room = self._max_records - self._file_rows - self._buffered_rows
+            # Never more than one row group's bytes at a time, so a huge chunk still rolls on size.
+            bytes_per_row = max(1, fitted.nbytes // max(1, fitted.num_rows))
+            room = min(room, max(1, (self._row_group_bytes - self._buffered_bytes) // bytes_per_row))
             head, table = fitted.slice(0, room), fitted.slice(room)
             self._buffer.append(head)
             self._buffered_rows += head.num_rows
@@ -163,6 +166,7 @@ class PartitionFileWriter:
         self._writer = None
         self._path = None
         self._buffer.clear()
+        self._buffered_rows = self._buffered_bytes = self._file_rows = 0
 
     def _write_row_group(self) -> None:
         if not self._buffered_rows:

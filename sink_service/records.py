@@ -68,24 +68,38 @@ class _ParseFailure(Exception):
 def _read_json(values: pa.Array, spec: DecodeSpec) -> pa.Table:
     """Parse newline-joined JSON objects; fail unless every value gave exactly one row."""
     # JSON forbids raw newlines inside strings, so any newline in a value is whitespace and
-    # can be blanked; that keeps one record per line.
+    # can be blanked; that keeps one record per line. Empty values were removed before, so a
+    # value holding two objects shows up as a row-count mismatch instead of cancelling out.
     cleaned = pc.replace_substring(values, b"\n", b" ")
     joined = pc.binary_join_element_wise(cleaned, pa.scalar(b"", pa.binary()), b"\n")
     _, offsets_buffer, data = joined.buffers()
     offsets = pa.Array.from_buffers(pa.int32(), len(joined) + 1, [None, offsets_buffer], offset=joined.offset)
     payload = data[offsets[0].as_py():offsets[-1].as_py()]
     read_options = pj.ReadOptions(use_threads=False, block_size=max(len(payload) + 1, 1 << 16))
-    parse_options = pj.ParseOptions(
-        explicit_schema=spec.value_schema,
-        unexpected_field_behavior="ignore" if spec.value_schema is not None else "infer",
-    )
     try:
-        table = pj.read_json(io.BytesIO(payload), read_options=read_options, parse_options=parse_options)
+        table = pj.read_json(io.BytesIO(payload), read_options=read_options)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise _ParseFailure(str(exc)) from None
     if table.num_rows != len(values):
-        raise _ParseFailure("value is empty or not a single JSON object")
+        raise _ParseFailure("value is not a single JSON object")
+    if spec.value_schema is not None:
+        table = _apply_declared(table, spec.value_schema)
     return table
+
+
+def _apply_declared(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Project onto the declared fields, converting JSON's types (e.g. "2024-01-02" to DATE)."""
+    columns = []
+    for declared in schema:
+        if declared.name not in table.column_names:
+            columns.append(pa.nulls(table.num_rows, declared.type))
+            continue
+        column = table.column(declared.name)
+        try:
+            columns.append(column.cast(declared.type, safe=True))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise _ParseFailure(f"field `{declared.name}` is not a valid {declared.type}: {exc}") from None
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _parse_segments(values: pa.Array, spec: DecodeSpec) -> list[tuple[int, int, pa.Table | str]]:
@@ -101,10 +115,12 @@ def _parse_segments(values: pa.Array, spec: DecodeSpec) -> list[tuple[int, int, 
     return left + [(s + mid, e + mid, t) for s, e, t in right]
 
 
-def _reason(arrow_message: str) -> str:
-    message = arrow_message.split("\n")[0].strip()
-    message = re.sub(r"\s+in row \d+$", "", message.removeprefix("JSON parse error: "))
-    return f"not a valid JSON object ({message})" if "JSON" not in message else message
+def _reason(message: str) -> str:
+    """One readable line: Arrow's parse errors name a row of the chunk, which means nothing here."""
+    first_line = message.split("\n")[0].strip()
+    if first_line.startswith("JSON parse error: "):
+        return "invalid JSON: " + re.sub(r"\s+in row \d+$", "", first_line.removeprefix("JSON parse error: "))
+    return first_line
 
 
 def _merge_adjacent(parts: list[tuple[int, int, pa.Table]]) -> list[tuple[int, int, pa.Table]]:
@@ -135,6 +151,27 @@ def _decode_keys(keys: pa.Array) -> pa.Array:
         )
 
 
+def _split_collisions(values: pa.Table, raw: pa.RecordBatch) -> tuple[pa.Table, pa.RecordBatch, list[BadRecord]]:
+    """Reject the rows whose value sets a field named like a metadata column; keep the others."""
+    names = [n for n in values.column_names if n in METADATA_COLUMNS]
+    if not names:
+        return values, raw, []
+    rejected: dict[int, str] = {}
+    for name in names:
+        for row in pc.indices_nonzero(pc.is_valid(values.column(name))).to_pylist():
+            rejected.setdefault(row, f"value has a field `{name}`, which collides with a metadata column")
+    keep = pa.array([row not in rejected for row in range(values.num_rows)])
+    bad = [_bad_record(raw, row, reason) for row, reason in sorted(rejected.items())]
+    return values.drop_columns(names).filter(keep), raw.filter(keep), bad
+
+
+def _bad_record(rows: pa.RecordBatch | pa.Table, row: int, reason: str) -> BadRecord:
+    topic, partition, offset = ("topic", "partition", "offset") if "topic" in rows.column_names else (
+        "_topic", "_partition", "_offset")
+    return BadRecord(rows.column(topic)[row].as_py(), rows.column(partition)[row].as_py(),
+                     rows.column(offset)[row].as_py(), reason)
+
+
 def _with_metadata(values: pa.Table, raw: pa.RecordBatch) -> pa.Table:
     columns = {
         "_key": _decode_keys(raw.column("key")),
@@ -156,24 +193,21 @@ def _required_columns(spec: DecodeSpec) -> list[str]:
     return required
 
 
-def _validate_keys(table: pa.Table, spec: DecodeSpec) -> tuple[pa.Table, list[tuple[int, str]]]:
-    """Drop rows lacking a primary key or order value; return them as (row, reason)."""
-    bad_mask = None
+def _validate_keys(table: pa.Table, spec: DecodeSpec) -> tuple[pa.Table, list[BadRecord]]:
+    """Drop rows lacking a primary key or order value, and report each one."""
     reasons: dict[int, str] = {}
     for name in _required_columns(spec):
         role = "primary key" if name in spec.primary_keys else "order field"
         if name not in table.column_names:
-            for row in range(table.num_rows):
-                reasons.setdefault(row, f"{role} field `{name}` is missing")
-            return table.slice(0, 0), sorted(reasons.items())
-        nulls = pc.is_null(table.column(name))
-        if pc.any(nulls).as_py():
-            for row in pc.indices_nonzero(nulls).to_pylist():
-                reasons.setdefault(row, f"{role} field `{name}` is null")
-            bad_mask = nulls if bad_mask is None else pc.or_(bad_mask, nulls)
-    if bad_mask is None:
+            return table.slice(0, 0), [
+                _bad_record(table, row, f"{role} field `{name}` is missing") for row in range(table.num_rows)
+            ]
+        for row in pc.indices_nonzero(pc.is_null(table.column(name))).to_pylist():
+            reasons.setdefault(row, f"{role} field `{name}` is null")
+    if not reasons:
         return table, []
-    return table.filter(pc.invert(bad_mask)), sorted(reasons.items())
+    keep = pa.array([row not in reasons for row in range(table.num_rows)])
+    return table.filter(keep), [_bad_record(table, row, reason) for row, reason in sorted(reasons.items())]
 
 
 def decode(raw: pa.RecordBatch, spec: DecodeSpec) -> DecodedChunk:
@@ -189,14 +223,18 @@ def decode(raw: pa.RecordBatch, spec: DecodeSpec) -> DecodedChunk:
     def bad(row: int, reason: str) -> None:
         chunk.bad_records.append(BadRecord(topic, partition, offsets[row].as_py(), reason))
 
-    tombstones = pc.is_null(raw.column("value"))
-    if pc.any(tombstones).as_py():
-        for row in pc.indices_nonzero(tombstones).to_pylist():
-            bad(row, "value is null (tombstone); deletes are not supported by upsert targets")
-        keep = pc.invert(tombstones)
-        raw = raw.filter(keep)
+    values = raw.column("value")
+    tombstones = pc.is_null(values)
+    empty = pc.fill_null(pc.match_substring_regex(values, r"^\s*$"), False)
+    unusable = pc.or_(tombstones, empty)
+    if pc.any(unusable).as_py():
+        for row in pc.indices_nonzero(unusable).to_pylist():
+            if tombstones[row].as_py():
+                bad(row, "value is null (tombstone); deletes are not supported by upsert targets")
+            else:
+                bad(row, "value is empty")
+        raw = raw.filter(pc.invert(unusable))
         offsets = raw.column("offset")
-        chunk.bad_records.sort(key=lambda b: b.offset)
     if raw.num_rows == 0:
         return chunk
 
@@ -207,15 +245,9 @@ def decode(raw: pa.RecordBatch, spec: DecodeSpec) -> DecodedChunk:
         else:
             parts.append((start, end, parsed))
     for start, end, values in _merge_adjacent(parts):
-        collision = [name for name in values.column_names if name in METADATA_COLUMNS]
-        if collision:
-            for row in range(start, end):
-                bad(row, f"value has field(s) {collision} that collide with metadata columns")
-            continue
-        table = _with_metadata(values, raw.slice(start, end - start))
-        table, rejected = _validate_keys(table, spec)
-        for row, reason in rejected:
-            bad(start + row, reason)
+        values, rows, collisions = _split_collisions(values, raw.slice(start, end - start))
+        table, missing_keys = _validate_keys(_with_metadata(values, rows), spec)
+        chunk.bad_records += collisions + missing_keys
         if table.num_rows:
             chunk.segments.append(table)
     chunk.bad_records.sort(key=lambda b: b.offset)

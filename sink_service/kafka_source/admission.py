@@ -8,6 +8,7 @@ is flushed on time even while others are busy. Pure logic, no Kafka: unit-tested
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 TopicPartition = tuple[str, int]
@@ -36,8 +37,22 @@ class Range:
 @dataclass
 class Admission:
     thresholds: Thresholds
-    # Wall-clock time at which each partition was first seen with pending data.
-    pending_since: dict[TopicPartition, float] = field(default_factory=dict)
+    # Per partition, (offset, time) checkpoints: every record below `offset` had been seen by
+    # `time`. The first checkpoint above the current position dates the oldest pending record.
+    arrivals: dict[TopicPartition, deque[tuple[int, float]]] = field(default_factory=dict)
+
+    @property
+    def pending_since(self) -> dict[TopicPartition, float]:
+        """When each partition's oldest pending record was first seen."""
+        return {tp: seen[0][1] for tp, seen in self.arrivals.items() if seen}
+
+    def _oldest_pending_seen_at(self, tp: TopicPartition, position: int, available: int, now: float) -> float:
+        seen = self.arrivals.setdefault(tp, deque())
+        while seen and seen[0][0] <= position:
+            seen.popleft()
+        if not seen or seen[-1][0] < available:
+            seen.append((available, now))
+        return seen[0][1]
 
     def plan(
         self,
@@ -53,9 +68,9 @@ class Admission:
         for tp, begin in start.items():
             pending = available.get(tp, begin) - begin
             if pending <= 0:
-                self.pending_since.pop(tp, None)
+                self.arrivals.pop(tp, None)
                 continue
-            since = self.pending_since.setdefault(tp, now)
+            since = self._oldest_pending_seen_at(tp, begin, available[tp], now)
             records_per_file = limits.records
             estimate = estimates.get(tp[0])
             if estimate:
@@ -83,12 +98,10 @@ class Admission:
             if not progressed:
                 break
         for tp, granted in grants.items():
-            if granted <= 0:
-                continue
-            end[tp] = start[tp] + granted
-            if end[tp] >= available[tp]:
-                self.pending_since.pop(tp, None)
-            # Otherwise keep the old timestamp: what is left has waited at least that long.
+            if granted > 0:
+                end[tp] = start[tp] + granted
+                if end[tp] >= available[tp]:
+                    self.arrivals.pop(tp, None)
         return end
 
 

@@ -1,0 +1,199 @@
+"""Per-partition admission: record, byte and time thresholds, the range budget, and splitting."""
+
+from __future__ import annotations
+
+import pytest
+
+from sink_service.kafka_source.admission import Admission, Range, Thresholds, split
+
+A, B, C, D = ("t", 0), ("t", 1), ("t", 2), ("u", 0)
+
+
+def admission(records=100, bytes_=1 << 30, interval_s=60.0, max_ranges=1000) -> Admission:
+    return Admission(Thresholds(records, bytes_, interval_s, max_ranges))
+
+
+def test_below_every_threshold_nothing_is_admitted():
+    adm = admission()
+    end = adm.plan({A: 0}, {A: 99}, now=0.0)
+    assert end == {A: 0}
+    assert adm.pending_since == {A: 0.0}
+
+
+def test_record_threshold_admits_only_whole_files():
+    adm = admission(records=100)
+    assert adm.plan({A: 0}, {A: 100}, now=0.0) == {A: 100}
+    assert adm.plan({A: 1000}, {A: 1250}, now=1.0) == {A: 1200}
+
+
+def test_record_threshold_is_per_partition():
+    adm = admission(records=100)
+    end = adm.plan({A: 0, B: 50}, {A: 150, B: 120}, now=0.0)
+    assert end == {A: 100, B: 50}
+
+
+def test_byte_threshold_uses_the_per_topic_estimate():
+    adm = admission(records=1000, bytes_=10_000)
+    # 100 bytes per record -> a file's worth is 100 records.
+    end = adm.plan({A: 0, D: 0}, {A: 250, D: 250}, now=0.0, bytes_per_record={"t": 100.0})
+    assert end[A] == 200  # two whole 100-record files
+    assert end[D] == 0  # no estimate for topic "u": only the record threshold applies
+
+
+def test_byte_estimate_never_raises_the_record_threshold():
+    adm = admission(records=100, bytes_=1_000_000)
+    end = adm.plan({A: 0}, {A: 150}, now=0.0, bytes_per_record={"t": 1.0})
+    assert end == {A: 100}
+
+
+def test_huge_records_still_admit_one_record_per_file():
+    adm = admission(records=100, bytes_=1000)
+    end = adm.plan({A: 0}, {A: 3}, now=0.0, bytes_per_record={"t": 5000.0})
+    assert end == {A: 3}
+
+
+def test_time_threshold_admits_an_idle_partition_while_another_is_busy():
+    adm = admission(records=100, interval_s=10.0)
+    # t=0: the idle partition A gets 3 records; B is busy.
+    assert adm.plan({A: 0, B: 0}, {A: 3, B: 250}, now=0.0) == {A: 0, B: 200}
+    # t=9.9: still within the interval for A; B keeps getting whole files.
+    assert adm.plan({A: 0, B: 200}, {A: 3, B: 420}, now=9.9) == {A: 0, B: 400}
+    # t=10: A's oldest pending record has waited the interval: admitted although B is busy.
+    end = adm.plan({A: 0, B: 400}, {A: 3, B: 650}, now=10.0)
+    assert end[A] == 3
+    assert A not in adm.pending_since
+
+
+def test_time_threshold_is_measured_from_first_seen():
+    adm = admission(records=100, interval_s=5.0)
+    adm.plan({A: 0}, {A: 0}, now=0.0)  # nothing pending yet
+    assert adm.plan({A: 0}, {A: 1}, now=3.0) == {A: 0}  # first seen at 3.0
+    assert adm.plan({A: 0}, {A: 2}, now=7.9) == {A: 0}
+    assert adm.plan({A: 0}, {A: 2}, now=8.0) == {A: 2}
+
+
+def test_pending_since_is_reset_when_drained():
+    adm = admission(records=100, interval_s=5.0)
+    adm.plan({A: 0}, {A: 1}, now=0.0)
+    assert adm.plan({A: 0}, {A: 1}, now=5.0) == {A: 1}
+    assert A not in adm.pending_since
+    # New data starts a new wait.
+    assert adm.plan({A: 1}, {A: 2}, now=6.0) == {A: 1}
+    assert adm.pending_since[A] == 6.0
+    assert adm.plan({A: 1}, {A: 2}, now=10.9) == {A: 1}
+    assert adm.plan({A: 1}, {A: 2}, now=11.0) == {A: 2}
+
+
+def test_pending_since_is_forgotten_when_nothing_is_pending():
+    adm = admission(records=100, interval_s=5.0)
+    adm.plan({A: 0}, {A: 1}, now=0.0)
+    # Something else (e.g. a restart) moved the start up to the end.
+    adm.plan({A: 1}, {A: 1}, now=1.0)
+    assert A not in adm.pending_since
+
+
+def test_partitions_with_nothing_pending_keep_their_start():
+    adm = admission(records=10, interval_s=0.0)
+    end = adm.plan({A: 5, B: 7, C: 9}, {A: 5, B: 20}, now=0.0)
+    assert end == {A: 5, B: 20, C: 9}
+
+
+def test_partitions_unknown_to_start_are_ignored():
+    adm = admission(records=10)
+    assert adm.plan({A: 0}, {A: 10, B: 100}, now=0.0) == {A: 10}
+
+
+def test_range_budget_one_file_each_before_anyone_gets_two_oldest_first():
+    adm = admission(records=10, interval_s=100.0, max_ranges=3)
+    adm.plan({C: 0}, {C: 5}, now=0.0)  # C pending since 0 (below threshold)
+    adm.plan({B: 0}, {B: 5}, now=1.0)  # B pending since 1
+    adm.plan({A: 0}, {A: 5}, now=2.0)  # A pending since 2
+    start = {A: 0, B: 0, C: 0, D: 0}
+    end = adm.plan(start, {A: 50, B: 50, C: 50, D: 50}, now=3.0)  # D first seen now
+    # Three ranges: one file each for the three oldest partitions; D waits.
+    assert end == {A: 10, B: 10, C: 10, D: 0}
+
+
+def test_leftover_budget_goes_round_robin():
+    adm = admission(records=10, max_ranges=5)
+    end = adm.plan({A: 0, B: 0}, {A: 100, B: 25}, now=0.0)
+    # A, B, A, B, A: B has only two whole files.
+    assert end == {A: 30, B: 20}
+
+
+def test_budget_limited_partition_keeps_its_wait_and_is_drained_later():
+    adm = admission(records=10, interval_s=5.0, max_ranges=1)
+    assert adm.plan({A: 0}, {A: 25}, now=0.0) == {A: 10}
+    assert adm.pending_since[A] == 0.0
+    assert adm.plan({A: 10}, {A: 25}, now=1.0) == {A: 20}
+    # After the interval the rest is due, one range per batch.
+    assert adm.plan({A: 20}, {A: 25}, now=5.0) == {A: 25}
+    assert A not in adm.pending_since
+
+
+def test_time_due_partition_gets_one_range_per_budget_unit():
+    adm = admission(records=10, interval_s=0.0, max_ranges=2)
+    end = adm.plan({A: 0}, {A: 35}, now=0.0)
+    assert end == {A: 20}
+    assert adm.pending_since == {A: 0.0}
+
+
+def test_old_idle_partition_is_not_starved_by_busy_partitions_with_younger_data():
+    """Two busy partitions receive one file's worth per batch and always keep a sub-file
+    remainder; the budget is two ranges. Partition D gets 3 records at t=1 and nothing after.
+    From t=6 on, D's records are the oldest pending records anywhere (A's and B's pending
+    records all arrived at t>=5), so "oldest first" must admit D soon after its interval,
+    while A and B are busy."""
+    adm = admission(records=10, interval_s=5.0, max_ranges=2)
+    start = {A: 0, B: 0, D: 0}
+    available = {A: 15, B: 15, D: 0}
+    admitted_d_at = None
+    for t in range(0, 30):
+        if t == 1:
+            available[D] = 3
+        if t > 0:
+            available[A] += 10
+            available[B] += 10
+        end = adm.plan(start, available, now=float(t))
+        assert sum(1 for tp in end if end[tp] != start[tp]) <= 2
+        if end[D] == 3:
+            admitted_d_at = t
+            break
+        start = end
+    assert admitted_d_at is not None and admitted_d_at <= 8, (
+        f"D (3 records pending since t=1, interval 5s) still not admitted at t=29; "
+        f"pending_since={adm.pending_since}"
+    )
+
+
+def _check_cover(ranges: list[Range], start: int, end: int, max_records: int) -> None:
+    position = start
+    for rng in ranges:
+        assert rng.start == position
+        assert 0 < rng.records <= max_records
+        position = rng.end
+    assert position == end
+
+
+@pytest.mark.parametrize("start, end, max_records", [
+    (0, 100, 10), (0, 101, 10), (5, 6, 10), (7, 7, 3), (1000, 2999, 1000), (0, 10, 1),
+])
+def test_split_covers_the_range_exactly(start, end, max_records):
+    ranges = split("t", 3, start, end, max_records)
+    _check_cover(ranges, start, end, max_records)
+    assert all(r.topic == "t" and r.partition == 3 for r in ranges)
+    assert len(ranges) == -(-(end - start) // max_records)
+
+
+def test_split_of_an_empty_range_is_empty():
+    assert split("t", 0, 42, 42, 10) == []
+
+
+def test_plan_then_split_keeps_within_the_range_budget():
+    adm = admission(records=10, interval_s=0.0, max_ranges=7)
+    start = {A: 0, B: 3, C: 100}
+    end = adm.plan(start, {A: 95, B: 4, C: 1000}, now=0.0)
+    ranges = [r for tp in start for r in split(tp[0], tp[1], start[tp], end[tp], 10)]
+    assert len(ranges) <= 7
+    for tp in start:
+        _check_cover([r for r in ranges if (r.topic, r.partition) == tp], start[tp], end[tp], 10)

@@ -1,0 +1,302 @@
+"""Configuration declared as data: validation, masking, pass-through and generated docs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from sink_service.config import (
+    MASK,
+    ConfigError,
+    SinkConfig,
+    declared_fields,
+    load_config,
+    reference_markdown,
+)
+
+AUTH = "AppKey very-secret-app-key-0123456789"
+MINIMAL = {
+    "SINK_KAFKA_BOOTSTRAP_SERVERS": "broker-1:9092,broker-2:9092",
+    "SINK_TOPICS": "orders",
+    "SINK_EMS_ENDPOINT": "https://team.realm.celonis.cloud/continuous-batch-processing/api/v1/pool/items",
+    "SINK_EMS_AUTHORIZATION": AUTH,
+    "SINK_EMS_TARGET_TABLE": "{topic}_table",
+}
+
+
+def env(**overrides: str | None) -> dict[str, str]:
+    merged = {**MINIMAL, **overrides}
+    return {k: v for k, v in merged.items() if v is not None}
+
+
+def problems_of(environ: dict[str, str]) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(environ)
+    return info.value.problems
+
+
+def test_minimal_environment_loads_with_defaults():
+    config = load_config(MINIMAL)
+    assert config.kafka_bootstrap_servers == "broker-1:9092,broker-2:9092"
+    assert config.topics == ("orders",)
+    assert config.topic_pattern is None
+    assert config.ems_authorization == AUTH
+    assert config.flush_records == 100_000
+    assert config.starting_offsets == "earliest"
+    assert config.order_field == "_offset"
+    assert config.kafka_options == {}
+
+
+def test_values_are_parsed_by_declared_type():
+    config = load_config(env(
+        SINK_TOPICS=" orders , tickets ,, ",
+        SINK_FLUSH_RECORDS=" 500 ",
+        SINK_PRIMARY_KEYS="id, region",
+        SINK_STARTING_OFFSETS="latest",
+        SINK_EMS_FALLBACK_VARCHAR_LENGTH="80",
+    ))
+    assert config.topics == ("orders", "tickets")
+    assert config.flush_records == 500
+    assert config.primary_keys == ("id", "region")
+    assert config.starting_offsets == "latest"
+    assert config.ems_fallback_varchar_length == 80
+
+
+def test_blank_values_mean_default():
+    config = load_config(env(SINK_FLUSH_RECORDS="  ", SINK_GROUP_ID=""))
+    assert config.flush_records == 100_000
+    assert config.group_id == "kafka-parquet-sink"
+
+
+def test_topic_pattern_instead_of_topics():
+    config = load_config(env(SINK_TOPICS=None, SINK_TOPIC_PATTERN=r"orders\..*"))
+    assert config.topics == ()
+    assert config.topic_pattern == r"orders\..*"
+
+
+def test_every_problem_is_reported_at_once():
+    problems = problems_of({
+        "SINK_TOPICS": "orders",
+        "SINK_TOPIC_PATTERN": "orders.*",
+        "SINK_FLUSH_RECORDS": "lots",
+        "SINK_STARTING_OFFSETS": "middle",
+        "SINK_EMS_ENDPOINT": "http://example.com/items",
+        "SINK_EMS_TARGET_TABLE": "t",
+    })
+    text = "\n".join(problems)
+    expected = [
+        "SINK_KAFKA_BOOTSTRAP_SERVERS",  # missing
+        "SINK_TOPIC_PATTERN",  # both topics and pattern
+        "SINK_FLUSH_RECORDS",  # bad int
+        "SINK_STARTING_OFFSETS",  # bad choice
+        "SINK_EMS_ENDPOINT",  # http to a non-loopback host
+        "SINK_EMS_AUTHORIZATION",  # missing
+    ]
+    for name in expected:
+        assert name in text, f"{name} not reported in:\n{text}"
+    assert len(problems) == len(expected)
+    # Each problem names the SINK_ variable it is about.
+    assert all("SINK_" in p for p in problems)
+    assert any("'lots'" in p and "whole number" in p for p in problems)
+    assert any("middle" in p and "earliest" in p and "latest" in p for p in problems)
+
+
+def test_config_error_message_lists_every_problem():
+    with pytest.raises(ConfigError) as info:
+        load_config({})
+    message = str(info.value)
+    assert f"{len(info.value.problems)} configuration problem(s)" in message
+    for problem in info.value.problems:
+        assert problem in message
+
+
+def test_minimum_is_enforced():
+    problems = problems_of(env(SINK_FLUSH_BYTES="10", SINK_MAX_FILES_PER_BATCH="0"))
+    assert any(p.startswith("SINK_FLUSH_BYTES=10") and "at least 1024" in p for p in problems)
+    assert any(p.startswith("SINK_MAX_FILES_PER_BATCH=0") and "at least 1" in p for p in problems)
+
+
+def test_neither_topics_nor_pattern_is_a_problem():
+    problems = problems_of(env(SINK_TOPICS=None))
+    assert any("SINK_TOPICS" in p and "SINK_TOPIC_PATTERN" in p for p in problems)
+
+
+def test_invalid_topic_pattern_is_reported():
+    problems = problems_of(env(SINK_TOPICS=None, SINK_TOPIC_PATTERN="orders(["))
+    assert any("SINK_TOPIC_PATTERN" in p and "regular expression" in p for p in problems)
+
+
+@pytest.mark.parametrize("endpoint", [
+    "http://127.0.0.1:8080/items",
+    "http://localhost:8080/items",
+    "http://[::1]:8080/items",
+    "https://example.com/items",
+])
+def test_accepted_endpoints(endpoint):
+    assert load_config(env(SINK_EMS_ENDPOINT=endpoint)).ems_endpoint == endpoint
+
+
+@pytest.mark.parametrize("endpoint", [
+    "http://example.com/items",
+    "http://10.0.0.1/items",
+    "ftp://example.com/items",
+    "example.com/items",
+])
+def test_rejected_endpoints(endpoint):
+    problems = problems_of(env(SINK_EMS_ENDPOINT=endpoint))
+    assert len(problems) == 1
+    assert "SINK_EMS_ENDPOINT" in problems[0]
+
+
+def test_authorization_must_name_its_scheme_without_showing_the_value():
+    secret = "just-a-raw-key-without-scheme"
+    problems = problems_of(env(SINK_EMS_AUTHORIZATION=secret))
+    assert len(problems) == 1
+    assert "SINK_EMS_AUTHORIZATION" in problems[0]
+    assert secret not in problems[0]
+
+
+def test_bearer_authorization_is_accepted():
+    config = load_config(env(SINK_EMS_AUTHORIZATION="Bearer tok-123456"))
+    assert config.ems_authorization == "Bearer tok-123456"
+
+
+def test_secrets_never_appear_in_config_error():
+    kafka_password = "kafka-pass-word-987654"
+    with pytest.raises(ConfigError) as info:
+        load_config(env(
+            SINK_EMS_AUTHORIZATION="NotAScheme " + "topsecret-value-1",
+            SINK_KAFKA_SASL_PASSWORD=kafka_password,
+            SINK_KAFKA_GROUP_ID="not-allowed",
+            SINK_FLUSH_RECORDS="x",
+        ))
+    text = str(info.value) + repr(info.value) + "\n".join(info.value.problems)
+    assert "topsecret-value-1" not in text
+    assert kafka_password not in text
+
+
+def test_masked_dump_hides_secrets_and_shows_the_rest():
+    kafka_password = "kafka-pass-word-987654"
+    config = load_config(env(
+        SINK_KAFKA_SASL_PASSWORD=kafka_password,
+        SINK_KAFKA_SASL_USERNAME="svc-user",
+        SINK_KAFKA_SECURITY_PROTOCOL="SASL_SSL",
+    ))
+    dump = config.masked()
+    assert dump["SINK_EMS_AUTHORIZATION"] == MASK
+    assert dump["SINK_KAFKA_SASL_PASSWORD"] == MASK
+    assert dump["SINK_KAFKA_SASL_USERNAME"] == "svc-user"
+    assert dump["SINK_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
+    assert dump["SINK_KAFKA_BOOTSTRAP_SERVERS"] == "broker-1:9092,broker-2:9092"
+    assert dump["SINK_TOPICS"] == ("orders",)
+    text = repr(dump)
+    assert AUTH not in text
+    assert AUTH.split(" ", 1)[1] not in text
+    assert kafka_password not in text
+    # Every declared setting is in the dump.
+    assert {f.metadata["env"] for f in declared_fields()} <= set(dump)
+
+
+def test_masked_dump_does_not_mask_an_unset_secret():
+    config = dataclasses.replace(load_config(MINIMAL), ems_authorization=None)
+    assert config.masked()["SINK_EMS_AUTHORIZATION"] is None
+
+
+def test_kafka_pass_through_options():
+    config = load_config(env(
+        SINK_KAFKA_SECURITY_PROTOCOL="SASL_SSL",
+        SINK_KAFKA_SASL_MECHANISM="SCRAM-SHA-512",
+        SINK_KAFKA_SASL_PASSWORD="pw-123456",
+    ))
+    assert config.kafka_options == {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.password": "pw-123456",
+    }
+    # The declared SINK_KAFKA_BOOTSTRAP_SERVERS is not passed through a second time.
+    assert "bootstrap.servers" not in config.kafka_options
+
+
+@pytest.mark.parametrize("name, option", [
+    ("SINK_KAFKA_GROUP_ID", "group.id"),
+    ("SINK_KAFKA_ENABLE_AUTO_COMMIT", "enable.auto.commit"),
+])
+def test_reserved_pass_through_names_are_rejected(name, option):
+    problems = problems_of(env(**{name: "x"}))
+    assert len(problems) == 1
+    assert name in problems[0]
+    assert option in problems[0]
+
+
+def test_value_schema_errors_are_reported_as_config_problems():
+    problems = problems_of(env(SINK_VALUE_SCHEMA="id STRING, amount MONEY"))
+    assert len(problems) == 1
+    assert "SINK_VALUE_SCHEMA" in problems[0]
+    assert "money" in problems[0].lower()
+
+
+def test_value_schema_out_of_range_decimal_is_a_config_problem():
+    # Spark allows DECIMAL precision up to 38; a bigger one must be reported like any other mistake,
+    # together with the other problems, not crash load_config with a bare ValueError.
+    problems = problems_of(env(SINK_VALUE_SCHEMA="id STRING, amount DECIMAL(40,2)", SINK_FLUSH_RECORDS="x"))
+    assert any("SINK_VALUE_SCHEMA" in p for p in problems)
+    assert any("SINK_FLUSH_RECORDS" in p for p in problems)
+
+
+def test_primary_keys_and_order_field_must_be_declared_in_the_value_schema():
+    problems = problems_of(env(
+        SINK_VALUE_SCHEMA="id STRING, amount DOUBLE",
+        SINK_PRIMARY_KEYS="id,region",
+        SINK_ORDER_FIELD="updated_at",
+    ))
+    assert len(problems) == 2
+    assert any("SINK_PRIMARY_KEYS" in p and "`region`" in p for p in problems)
+    assert any("SINK_ORDER_FIELD" in p and "`updated_at`" in p for p in problems)
+
+
+def test_metadata_columns_may_be_primary_keys_with_a_declared_schema():
+    config = load_config(env(SINK_VALUE_SCHEMA="amount DOUBLE", SINK_PRIMARY_KEYS="_key"))
+    assert config.primary_keys == ("_key",)
+
+
+def test_duplicate_primary_key_is_reported():
+    problems = problems_of(env(SINK_PRIMARY_KEYS="id,id"))
+    assert problems == ["SINK_PRIMARY_KEYS lists a field twice."]
+
+
+def test_table_for_topic_template():
+    config = load_config(env(SINK_EMS_TARGET_TABLE="raw_{topic}"))
+    assert config.table_for("orders") == "raw_orders"
+    fixed = load_config(env(SINK_EMS_TARGET_TABLE="all_events"))
+    assert fixed.table_for("orders") == "all_events"
+
+
+def test_reference_markdown_mentions_every_declared_setting():
+    text = reference_markdown()
+    for f in declared_fields():
+        assert f"`{f.metadata['env']}`" in text
+    assert "SINK_KAFKA_<NAME>" in text
+    assert "**Secret**" in text
+    # Defaults and choices come from the declarations too.
+    assert "`100000`" in text
+    assert "`earliest`, `latest`" in text
+
+
+def test_every_field_except_internal_ones_is_declared_with_a_sink_env_name():
+    for f in dataclasses.fields(SinkConfig):
+        if f.metadata.get("internal"):
+            continue
+        assert f.metadata["env"].startswith("SINK_"), f.name
+        assert f.metadata["doc"], f.name
+
+
+@pytest.mark.parametrize("name", ["SINK_KAFKA_SSL_KEY_PEM", "SINK_KAFKA_SASL_OAUTHBEARER_CONFIG"])
+def test_pass_through_options_librdkafka_marks_sensitive_are_masked(name):
+    # librdkafka flags ssl.key.pem (a private key) and sasl.oauthbearer.config (may hold a client
+    # secret) as sensitive; the startup dump must not print them.
+    value = "-----BEGIN PRIVATE KEY-----MIIEvQIBADANBgkqhkiG9w0BAQEFAASC-----END PRIVATE KEY-----"
+    config = load_config(env(**{name: value}))
+    dump = config.masked()
+    assert dump[name] == MASK
+    assert value not in repr(dump)
