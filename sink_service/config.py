@@ -127,7 +127,9 @@ class SinkConfig:
 
     # --- Upload target ------------------------------------------------------------------------
     target: str = setting(
-        "SINK_TARGET", "Where files go.", "ems", choices=("ems",), group="Target")
+        "SINK_TARGET", "Where files go: `ems` (Celonis EMS continuous push), `s3` (Amazon S3 or an "
+        "S3-compatible store) or `dir` (a local or mounted directory).", "ems",
+        choices=("ems", "s3", "dir"), group="Target")
     ems_endpoint: str | None = setting(
         "SINK_EMS_ENDPOINT", "EMS continuous-push URL, `https://<team>.<realm>.celonis.cloud/"
         "continuous-batch-processing/api/v1/<pool-id>/items`. Plain http only to loopback.",
@@ -136,8 +138,8 @@ class SinkConfig:
         "SINK_EMS_AUTHORIZATION", "Authorization header sent verbatim: `AppKey <key>` or "
         "`Bearer <token>`.", secret=True, group="Target")
     ems_target_table: str | None = setting(
-        "SINK_EMS_TARGET_TABLE", "EMS `targetName`. `{topic}` is replaced by the topic name.",
-        group="Target")
+        "SINK_EMS_TARGET_TABLE", "EMS `targetName`. `{topic}` is replaced by the topic name. "
+        "Used only with `SINK_TARGET=ems`.", group="Target")
     ems_connection_id: str | None = setting(
         "SINK_EMS_CONNECTION_ID", "EMS `connectionId` (optional).", group="Target")
     ems_client_id: str = setting(
@@ -152,6 +154,31 @@ class SinkConfig:
         "SINK_EMS_PROXY_USERNAME", "Proxy user name (optional).", group="Target")
     ems_proxy_password: str | None = setting(
         "SINK_EMS_PROXY_PASSWORD", "Proxy password (optional).", secret=True, group="Target")
+    s3_bucket: str | None = setting(
+        "SINK_S3_BUCKET", "Bucket files are written to; required when `SINK_TARGET=s3`. Credentials "
+        "come only from boto3's standard chain (`AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`, "
+        "`AWS_PROFILE`, web identity, the instance or pod role), never from SINK_* settings.",
+        group="Target")
+    s3_prefix: str = setting(
+        "SINK_S3_PREFIX", "Key prefix. Objects are named `<prefix>/<topic>/<partition>/"
+        "<first offset, 20 digits>-<last offset, 20 digits>.parquet`, so a replayed range overwrites "
+        "the same object.", "", group="Target")
+    s3_endpoint_url: str | None = setting(
+        "SINK_S3_ENDPOINT_URL", "Endpoint of an S3-compatible store that is not AWS (MinIO, Ceph, "
+        "...), e.g. `https://minio.internal:9000`; path-style addressing is used with it. Empty: AWS.",
+        group="Target")
+    s3_region: str | None = setting(
+        "SINK_S3_REGION", "Region of the bucket. Empty: boto3's default (`AWS_REGION`, "
+        "`AWS_DEFAULT_REGION` or the profile).", group="Target")
+    s3_multipart_part_size: int = setting(
+        "SINK_S3_MULTIPART_PART_SIZE", "Files at least this large (bytes) are uploaded in parts of "
+        "this size, several at a time; smaller files in one request. S3's minimum part size is 5 MiB.",
+        16 * 1024 * 1024, minimum=5 * 1024 * 1024, group="Target")
+    dir_path: str | None = setting(
+        "SINK_DIR_PATH", "Directory files are written to; required when `SINK_TARGET=dir`. Files are "
+        "named like S3 objects, `<path>/<topic>/<partition>/<first>-<last>.parquet`, and written "
+        "atomically (temporary `.<name>.tmp-<id>` file, fsync, rename). On a cluster every executor "
+        "must see the same directory.", group="Target")
     upload_timeout_ms: int = setting(
         "SINK_UPLOAD_TIMEOUT_MS", "Timeout of one upload request.", 60_000, minimum=100,
         group="Target")
@@ -251,8 +278,15 @@ def _parse_value(f: dataclasses.Field, raw: str) -> Any:
     return value
 
 
-def load_config(environ: Mapping[str, str]) -> SinkConfig:
-    """Build and validate the configuration; raise `ConfigError` listing every problem."""
+def load_config(environ: Mapping[str, str], *, scope: str = "service") -> SinkConfig:
+    """Build and validate the configuration; raise `ConfigError` listing every problem.
+
+    `scope="target"` is for tools that only upload or read files (the uploader CLI): the Kafka
+    settings are not required then.
+    """
+    if scope not in ("service", "target"):
+        raise ValueError(f"unknown configuration scope {scope!r}")
+    checks = _CHECKS if scope == "service" else tuple(c for c in _CHECKS if c is not _check_kafka)
     problems: list[str] = []
     values: dict[str, Any] = {}
     for f in declared_fields():
@@ -266,7 +300,7 @@ def load_config(environ: Mapping[str, str]) -> SinkConfig:
             problems.append(f"{f.metadata['env']}={shown!s}: {exc}")
     values["kafka_options"] = kafka_passthrough(environ)
     config = SinkConfig(**values)
-    problems.extend(problem for check in _CHECKS for problem in check(config))
+    problems.extend(problem for check in checks for problem in check(config))
     if problems:
         raise ConfigError(problems)
     return config
@@ -302,8 +336,10 @@ def _is_loopback(host: str | None) -> bool:
 
 
 def _check_target(c: SinkConfig) -> list[str]:
-    if c.target != "ems":
-        return []
+    if c.target == "s3":
+        return _check_s3(c)
+    if c.target == "dir":
+        return [] if c.dir_path else ["SINK_DIR_PATH is required when SINK_TARGET=dir."]
     problems = []
     if not c.ems_endpoint:
         problems.append("SINK_EMS_ENDPOINT is required when SINK_TARGET=ems.")
@@ -325,6 +361,23 @@ def _check_target(c: SinkConfig) -> list[str]:
     if not c.ems_target_table:
         problems.append("SINK_EMS_TARGET_TABLE is required when SINK_TARGET=ems "
                         "(`{topic}` gives one table per topic).")
+    return problems
+
+
+def _check_s3(c: SinkConfig) -> list[str]:
+    problems = []
+    if not c.s3_bucket:
+        problems.append("SINK_S3_BUCKET is required when SINK_TARGET=s3.")
+    elif "/" in c.s3_bucket or c.s3_bucket.startswith("s3:"):
+        problems.append(f"SINK_S3_BUCKET must be a bare bucket name, got {c.s3_bucket!r}; put a key "
+                        "prefix in SINK_S3_PREFIX.")
+    if c.s3_endpoint_url:
+        url = urlsplit(c.s3_endpoint_url)
+        if url.scheme not in ("https", "http") or not url.hostname:
+            problems.append("SINK_S3_ENDPOINT_URL must be an http(s):// URL, e.g. `https://minio.internal:9000`.")
+        elif url.password is not None:
+            problems.append("SINK_S3_ENDPOINT_URL must not contain credentials (value not shown); "
+                            "use boto3's credential chain, e.g. AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY.")
     return problems
 
 

@@ -226,6 +226,10 @@ def process_range(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator
         processor.writer.abandon()
         processor.outcome.status = STATUS_RETRYABLE
         processor.outcome.error = f"{type(exc).__name__}: {exc}"
+    # Spark feeds the rest of the range regardless; a task that stops reading its input
+    # deadlocks the Python worker, so drain what is left unprocessed.
+    for _ in batches:
+        pass
     outcome = processor.outcome
     log.debug("range %s:%d [%d,%d) done in %.2fs", outcome.topic, outcome.partition,
               outcome.range_start, outcome.range_end, time.monotonic() - started)

@@ -203,7 +203,7 @@ def _validate_keys(table: pa.Table, spec: DecodeSpec) -> tuple[pa.Table, list[Ba
                 _bad_record(table, row, f"{role} field `{name}` is missing") for row in range(table.num_rows)
             ]
         for row in pc.indices_nonzero(pc.is_null(table.column(name))).to_pylist():
-            reasons.setdefault(row, f"{role} field `{name}` is null")
+            reasons.setdefault(row, f"{role} field `{name}` is missing or null")
     if not reasons:
         return table, []
     keep = pa.array([row not in reasons for row in range(table.num_rows)])

@@ -1,18 +1,38 @@
-"""From configuration to an upload target: the only place the service knows target types."""
+"""From configuration to an upload target: the only place the service knows target types.
+
+Spark-free on purpose: the uploader CLI imports it to build the same targets from SINK_* settings.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-
 from sink_service.config import SinkConfig
+from uploader.directory import DirectorySettings, DirectoryTarget
 from uploader.ems import EmsSettings, EmsTarget
 from uploader.retry import RetryPolicy
+from uploader.s3 import S3Settings, S3Target
 from uploader.target import UploadTarget
 
+TargetSettings = EmsSettings | S3Settings | DirectorySettings
 
-def target_settings(config: SinkConfig) -> Hashable:
-    """Picklable, hashable settings; executors build the target from them."""
+
+def target_settings(config: SinkConfig) -> TargetSettings:
+    """Picklable, hashable settings for `config.target`; executors build the target from them."""
     retry = RetryPolicy(max_elapsed_s=config.upload_retry_budget_ms / 1000)
+    timeout_s = config.upload_timeout_ms / 1000
+    if config.target == "s3":
+        return S3Settings(
+            bucket=config.s3_bucket,
+            prefix=config.s3_prefix or "",
+            endpoint_url=config.s3_endpoint_url,
+            region=config.s3_region,
+            part_size=config.s3_multipart_part_size,
+            request_timeout_s=timeout_s,
+            retry=retry,
+        )
+    if config.target == "dir":
+        return DirectorySettings(path=config.dir_path, retry=retry)
+    if config.target != "ems":
+        raise ValueError(f"unknown SINK_TARGET {config.target!r}")
     return EmsSettings(
         endpoint=config.ems_endpoint,
         authorization=config.ems_authorization,
@@ -22,12 +42,17 @@ def target_settings(config: SinkConfig) -> Hashable:
         proxy_url=config.ems_proxy_url,
         proxy_username=config.ems_proxy_username,
         proxy_password=config.ems_proxy_password,
-        request_timeout_s=config.upload_timeout_ms / 1000,
+        request_timeout_s=timeout_s,
         retry=retry,
     )
 
 
-def build_target(settings: Hashable) -> UploadTarget:
+def build_target(settings: TargetSettings) -> UploadTarget:
+    """The target matching the settings' type; runs in every executor that uploads."""
     if isinstance(settings, EmsSettings):
         return EmsTarget(settings)
+    if isinstance(settings, S3Settings):
+        return S3Target(settings)
+    if isinstance(settings, DirectorySettings):
+        return DirectoryTarget(settings)
     raise TypeError(f"no upload target for {type(settings).__name__}")

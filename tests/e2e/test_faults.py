@@ -44,27 +44,28 @@ def test_kill_minus_nine_twice_mid_stream_loses_nothing(bootstrap, ems, unique, 
 def test_endpoint_outage_commits_nothing_then_delivers_everything(bootstrap, ems, unique, service_env, services):
     topic, group = unique("outage"), unique("group")
     create_topics(bootstrap, {topic: 3})
-    workload = Workload()
-    produce_orders(bootstrap, topic, keys=2000, updates=3, workload=workload)
     env = service_env(topic, group, SINK_FLUSH_RECORDS=1000, SINK_UPLOAD_RETRY_BUDGET_MS=3000,
                       SINK_RESTART_BACKOFF_MAX_MS=4000)
+    port = int(env["SINK_HTTP_PORT"])
+    service = services(env)
+    wait_until(lambda: (service.readiness(port) or (0,))[0] == 200, 120, "the service to be ready", process=service)
+
     ems.inject_fault(503, seconds=20)
     outage_started = time.monotonic()
-    service = services(env)
-    port = int(env["SINK_HTTP_PORT"])
+    workload = Workload()
+    produce_orders(bootstrap, topic, keys=2000, updates=3, workload=workload)
     seen_not_ready = False
-    while time.monotonic() - outage_started < 18:
+    while time.monotonic() - outage_started < 19:
         assert committed_offsets(bootstrap, group, topic, 3) == {}, "committed during the outage"
         assert service.process.poll() is None, service.output()[-3000:]
         state = service.readiness(port)
         if state is not None and state[0] == 503 and not state[1]["last_batch_ok"]:
             seen_not_ready = True
         time.sleep(0.5)
-    assert seen_not_ready, "readiness never reported the failing uploads"
+    assert seen_not_ready, "readiness never reported the failing uploads\n" + service.output()[-3000:]
     wait_until(lambda: table_matches(ems, topic, workload), 180, "delivery after the outage", process=service)
     wait_until(lambda: all_committed(bootstrap, group, topic, 3), 60, "commits after the outage", process=service)
-    wait_until(lambda: service.readiness(port) is not None and service.readiness(port)[0] == 200, 30,
-               "ready again", process=service)
+    wait_until(lambda: (service.readiness(port) or (0,))[0] == 200, 30, "ready again", process=service)
     assert service.terminate() == 0
     assert_table_exact(ems, topic, workload)
     assert "micro-batch failed; replaying from the committed offsets" in service.output()

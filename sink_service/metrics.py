@@ -1,0 +1,99 @@
+"""Prometheus metrics, all recorded on the driver from task outcomes and Kafka offsets.
+
+Executors report what they did in each range's outcome row, so counters stay correct on a
+cluster without a push gateway: the driver is the single place that counts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+TP = tuple[str, int]
+_TP = ("topic", "partition")
+
+
+class SinkMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.records_read = Counter("sink_records_read_total", "Kafka records read by tasks.", _TP, registry=r)
+        self.records_written = Counter(
+            "sink_records_written_total", "Records written into Parquet files.", _TP, registry=r)
+        self.records_uploaded = Counter(
+            "sink_records_uploaded_total", "Records in files the target accepted.", _TP, registry=r)
+        self.files_uploaded = Counter("sink_files_uploaded_total", "Files the target accepted.", _TP, registry=r)
+        self.bytes_uploaded = Counter(
+            "sink_uploaded_bytes_total", "Parquet bytes the target accepted.", _TP, registry=r)
+        self.upload_duration = Histogram(
+            "sink_upload_duration_seconds", "Time to upload one file, retries included.", ("target",),
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120), registry=r)
+        self.upload_retries = Counter(
+            "sink_upload_retries_total", "Upload attempts that were retried, by reason.", ("reason",), registry=r)
+        self.upload_failures = Counter(
+            "sink_upload_failures_total", "Ranges that stopped on an upload error, by class (retryable, fatal).",
+            ("class",), registry=r)
+        self.bad_records = Counter(
+            "sink_bad_records_total", "Records that could not become rows, by reason.", ("topic", "reason"),
+            registry=r)
+        self.lag = Gauge(
+            "sink_consumer_lag_records", "Last stable offset minus committed offset.", _TP, registry=r)
+        self.pending_records = Gauge(
+            "sink_pending_records", "Records available but not yet admitted for writing.", _TP, registry=r)
+        self.pending_age = Gauge(
+            "sink_oldest_pending_record_age_seconds", "How long the oldest pending record has waited.", _TP,
+            registry=r)
+        self.batch_duration = Histogram(
+            "sink_microbatch_duration_seconds", "Wall time of one micro-batch (read, write, upload, commit).",
+            buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300), registry=r)
+        self.batches = Counter("sink_microbatches_total", "Micro-batches by result.", ("result",), registry=r)
+        self.last_commit = Gauge(
+            "sink_last_commit_timestamp_seconds", "Unix time of the last successful commit.", _TP, registry=r)
+        self.committed_offset = Gauge(
+            "sink_committed_offset", "Offset committed to the consumer group.", _TP, registry=r)
+
+    def record_outcome(self, row, target: str) -> None:
+        labels = (row.topic, str(row.partition))
+        self.records_read.labels(*labels).inc(row.records_read)
+        self.records_written.labels(*labels).inc(row.records_written)
+        self.records_uploaded.labels(*labels).inc(row.records_uploaded)
+        for upload in json.loads(row.files):
+            self.files_uploaded.labels(*labels).inc()
+            self.bytes_uploaded.labels(*labels).inc(upload["bytes"])
+            self.upload_duration.labels(target).observe(upload["duration_s"])
+        for reason, count in json.loads(row.retries).items():
+            self.upload_retries.labels(reason).inc(count)
+        for reason, count in json.loads(row.bad_reasons).items():
+            self.bad_records.labels(row.topic, reason).inc(count)
+        if row.failure_class:
+            self.upload_failures.labels(row.failure_class).inc()
+
+    def record_commits(self, commits: Mapping[TP, int]) -> None:
+        now = time.time()
+        for (topic, partition), offset in commits.items():
+            self.last_commit.labels(topic, str(partition)).set(now)
+            self.committed_offset.labels(topic, str(partition)).set(offset)
+
+    def record_lag(self, committed: Mapping[TP, int], latest: Mapping[TP, int]) -> None:
+        for tp, end in latest.items():
+            if tp in committed:
+                self.lag.labels(tp[0], str(tp[1])).set(max(0, end - committed[tp]))
+
+    def record_admission(self, state_path: Path) -> None:
+        """Pending records and ages as the planner last saw them (it runs in another process)."""
+        try:
+            state = json.loads(state_path.read_text())
+        except (OSError, ValueError):
+            return
+        now = time.time()
+        for key, (pending, since) in state.get("partitions", {}).items():
+            topic, _, partition = key.rpartition(":")
+            self.pending_records.labels(topic, partition).set(pending)
+            self.pending_age.labels(topic, partition).set(max(0.0, now - since) if pending and since else 0.0)
+
+    def exposition(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

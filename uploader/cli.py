@@ -1,0 +1,335 @@
+"""`python -m uploader`: push one Parquet file by hand, or read back what a dir/S3 target holds.
+
+    python -m uploader push FILE [--target ems|s3|dir] [--topic T --partition P --first-offset F
+                                  --last-offset L] [--table NAME] [--primary-keys a,b]
+                                  [--order-column C] [--dry-run]
+    python -m uploader read [--target dir|s3] [--primary-keys id] [--order-column _offset]
+                            [--format jsonl|csv|table]
+
+The target is configured by the same SINK_* variables as the service (see the README's reference);
+Kafka settings are not needed. Topic, partition and offsets default to what the service's file name
+says (`topic-<t>_partition-<p>_firstOffset-<f>_lastOffset-<l>.parquet`); the record count and schema
+fingerprint come from the Parquet footer.
+
+Exit codes: 0 ok, 2 usage or configuration error, 3 the target rejected the upload (retrying cannot
+help; the message names the setting to fix), 4 a transient error outlasted the retry budget
+(SINK_UPLOAD_RETRY_BUDGET_MS). Credentials are never printed.
+
+Only this module touches the service's configuration (`sink_service.config`, `sink_service.targets`,
+both free of Spark), and only inside functions, so the rest of the package stays independent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import dataclasses
+import datetime
+import decimal
+import io
+import json
+import logging
+import os
+import pathlib
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, TextIO
+
+import pyarrow as pa
+
+from uploader.errors import FatalUploadError, RetryableUploadError
+from uploader.masking import authorization_secrets, redact
+from uploader.parquet_info import footer_info, parse_file_name
+from uploader.target import FileMetadata, Receipt
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_FATAL = 3
+EXIT_RETRYABLE = 4
+PROG = "python -m uploader"
+
+
+class UsageError(Exception):
+    """Bad arguments or configuration: exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Push a Parquet file to the configured target, or read back a dir/S3 target. "
+        "Configured by the service's SINK_* environment variables.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log retries (-v) or every request (-vv)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    push = commands.add_parser("push", help="upload one Parquet file, with the service's retries")
+    push.add_argument("file", type=pathlib.Path, help="the Parquet file")
+    push.add_argument("--target", choices=("ems", "s3", "dir"), help="default: SINK_TARGET")
+    push.add_argument("--topic", help="default: from the file name")
+    push.add_argument("--partition", type=int, help="default: from the file name")
+    push.add_argument("--first-offset", type=int, help="default: from the file name")
+    push.add_argument("--last-offset", type=int, help="default: from the file name")
+    push.add_argument("--table", help="EMS targetName; default: SINK_EMS_TARGET_TABLE with {topic} filled in")
+    push.add_argument("--primary-keys", help="comma-separated; default: SINK_PRIMARY_KEYS")
+    push.add_argument("--order-column", help="default: SINK_ORDER_FIELD")
+    push.add_argument("--dry-run", action="store_true", help="print the request that would be sent; send nothing")
+
+    read = commands.add_parser("read", help="print the latest row per primary key of a dir or S3 target")
+    read.add_argument("--target", choices=("dir", "s3"), help="default: SINK_TARGET")
+    read.add_argument("--primary-keys", help="comma-separated; default: SINK_PRIMARY_KEYS; none: every row")
+    read.add_argument("--order-column", help="default: SINK_ORDER_FIELD")
+    read.add_argument("--format", choices=("jsonl", "csv", "table"), default="jsonl")
+    return parser
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    environ = os.environ if environ is None else environ
+    out = sys.stdout if stdout is None else stdout
+    err = sys.stderr if stderr is None else stderr
+    parser = build_parser()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse has printed the usage already
+        return EXIT_USAGE if exc.code else EXIT_OK
+    secrets: tuple[str, ...] = ()
+
+    def say(stream: TextIO, text: str) -> None:
+        print(redact(text, secrets), file=stream)
+
+    try:
+        config = _load_config(environ, args.target, getattr(args, "table", None))
+        secrets = _config_secrets(config)
+        with _logging_to(err, args.verbose, secrets):
+            if args.command == "push":
+                return _push(args, config, lambda text: say(out, text))
+            return _read(args, config, out)
+    except UsageError as exc:
+        say(err, f"{PROG}: {exc}")
+        return EXIT_USAGE
+    except FatalUploadError as exc:
+        hint = f" [setting: {exc.setting}]" if exc.setting else ""
+        say(err, f"{PROG}: rejected, not retried{hint}: {exc}")
+        return EXIT_FATAL
+    except RetryableUploadError as exc:
+        say(err, f"{PROG}: failed after retrying: {exc}")
+        return EXIT_RETRYABLE
+
+
+# --- configuration --------------------------------------------------------------------------------
+
+
+def _load_config(environ: Mapping[str, str], target: str | None, table: str | None) -> Any:
+    """The service's configuration, checked as far as an upload needs it; flags win over SINK_*."""
+    from sink_service.config import ConfigError, load_config
+
+    env = dict(environ)
+    if target:
+        env["SINK_TARGET"] = target
+    if table:
+        env["SINK_EMS_TARGET_TABLE"] = table
+    try:
+        return load_config(env, scope="target")
+    except ConfigError as exc:
+        raise UsageError(f"{exc}\nSee the configuration reference in README.md.") from None
+
+
+def _config_secrets(config: Any) -> tuple[str, ...]:
+    from sink_service.config import declared_fields
+
+    values: list[str] = []
+    for f in declared_fields():
+        value = getattr(config, f.name)
+        if f.metadata["secret"] and value:
+            values += authorization_secrets(value) if f.name == "ems_authorization" else [value]
+    return tuple(values)
+
+
+class _RedactingFilter(logging.Filter):
+    def __init__(self, secrets: tuple[str, ...]) -> None:
+        super().__init__()
+        self._secrets = secrets
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = redact(record.getMessage(), self._secrets), ()
+        return True
+
+
+@contextlib.contextmanager
+def _logging_to(stream: TextIO, verbose: int, secrets: tuple[str, ...]) -> Iterator[None]:
+    """The uploader's log lines (retries, -v: requests) on `stream`, secrets masked; undone afterwards."""
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(_RedactingFilter(secrets))
+    logger = logging.getLogger("uploader")
+    saved = logger.level, logger.propagate
+    logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG))
+    logger.propagate = False
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+
+
+def _settings_for(config: Any) -> Any:
+    from sink_service.targets import target_settings
+
+    try:
+        return target_settings(config)
+    except ValueError as exc:  # settings validation: names the setting, never the secret value
+        raise UsageError(str(exc)) from None
+
+
+def _target_for(config: Any) -> Any:
+    from sink_service.targets import build_target
+
+    return build_target(_settings_for(config))
+
+
+def _keys(option: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    if option is None:
+        return tuple(default)
+    return tuple(key.strip() for key in option.split(",") if key.strip())
+
+
+# --- push -----------------------------------------------------------------------------------------
+
+
+def file_metadata(path: pathlib.Path, args: argparse.Namespace, config: Any) -> FileMetadata:
+    """Metadata for a file pushed by hand: flags win over the file name; counts from the footer."""
+    parsed = parse_file_name(path.name)
+    fields = {
+        "topic": args.topic if args.topic is not None else parsed and parsed.topic,
+        "partition": args.partition if args.partition is not None else parsed and parsed.partition,
+        "first_offset": args.first_offset if args.first_offset is not None else parsed and parsed.first_offset,
+        "last_offset": args.last_offset if args.last_offset is not None else parsed and parsed.last_offset,
+    }
+    missing = [name for name, value in fields.items() if value is None]
+    if missing:
+        flags = ", ".join("--" + name.replace("_", "-") for name in missing)
+        raise UsageError(
+            f"cannot tell {', '.join(missing)} from the file name {path.name!r} (expected "
+            f"topic-<t>_partition-<p>_firstOffset-<f>_lastOffset-<l>.parquet); pass {flags}"
+        )
+    if fields["first_offset"] > fields["last_offset"]:
+        raise UsageError(f"first offset {fields['first_offset']} is after last offset {fields['last_offset']}")
+    try:
+        footer = footer_info(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise UsageError(f"{path} is not a readable Parquet file: {exc}") from None
+    return FileMetadata(
+        topic=fields["topic"],
+        partition=fields["partition"],
+        first_offset=fields["first_offset"],
+        last_offset=fields["last_offset"],
+        record_count=footer.record_count,
+        target_table=args.table or config.table_for(fields["topic"]),
+        primary_keys=_keys(args.primary_keys, config.primary_keys),
+        order_column=args.order_column or config.order_field,
+        schema_fingerprint=footer.schema_fingerprint,
+    )
+
+
+def _push(args: argparse.Namespace, config: Any, say) -> int:
+    path: pathlib.Path = args.file
+    if not path.is_file():
+        raise UsageError(f"no such file: {path}")
+    metadata = file_metadata(path, args, config)
+    target = _target_for(config)
+    try:
+        if args.dry_run:
+            described = {
+                "dry_run": True,
+                "target": target.name,
+                "metadata": dataclasses.asdict(metadata),
+                "request": target.describe_request(path, metadata),
+            }
+            say(json.dumps(described, indent=2, default=str))
+            return EXIT_OK
+        receipt = target.upload(path, metadata)
+    finally:
+        target.close()
+    say(json.dumps(receipt_json(receipt), default=str))
+    return EXIT_OK
+
+
+def receipt_json(receipt: Receipt) -> dict[str, Any]:
+    shown = dataclasses.asdict(receipt)
+    shown["duration_s"] = round(receipt.duration_s, 3)
+    shown["details"] = dict(receipt.details)
+    return shown
+
+
+# --- read -----------------------------------------------------------------------------------------
+
+
+def _read(args: argparse.Namespace, config: Any, out: TextIO) -> int:
+    import botocore.exceptions
+
+    from uploader.reader import latest_rows
+    from uploader.s3 import classify_error
+
+    if config.target not in ("dir", "s3"):
+        raise UsageError(f"read works with --target dir or s3, not {config.target!r}")
+    settings = _settings_for(config)
+    primary_keys = _keys(args.primary_keys, config.primary_keys)
+    order_column = args.order_column or config.order_field
+    try:
+        table = latest_rows(settings, primary_keys, order_column)
+    except (FileNotFoundError, ValueError) as exc:  # no such directory; a named column is missing
+        raise UsageError(str(exc)) from None  # (pyarrow's ArrowInvalid, e.g. clashing schemas, is a ValueError)
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+        raise classify_error(exc, what=f"reading {settings.uri(settings.prefix)}") from exc
+    write_table(table, args.format, out)
+    return EXIT_OK
+
+
+def write_table(table: pa.Table, fmt: str, out: TextIO) -> None:
+    if fmt == "csv":
+        import pyarrow.csv
+
+        buffer = io.BytesIO()
+        try:
+            pyarrow.csv.write_csv(table, buffer)
+        except pa.ArrowNotImplementedError as exc:
+            raise UsageError(f"CSV cannot hold these columns ({exc}); use --format jsonl") from None
+        out.write(buffer.getvalue().decode())
+        return
+    rows = table.to_pylist()
+    if fmt == "jsonl":
+        for row in rows:
+            out.write(json.dumps(row, default=_json_value, ensure_ascii=False) + "\n")
+        return
+    names = table.column_names
+    cells = [[_cell(row[name]) for name in names] for row in rows]
+    widths = [max([len(name), *(len(line[i]) for line in cells)]) for i, name in enumerate(names)]
+    for line in [names, ["-" * w for w in widths], *cells]:
+        out.write("  ".join(value.ljust(width) for value, width in zip(line, widths, strict=True)).rstrip() + "\n")
+    out.write(f"({len(rows)} row{'s' if len(rows) != 1 else ''})\n")
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    return str(value)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, dict | list):
+        return json.dumps(value, default=_json_value, ensure_ascii=False)
+    return str(value)
