@@ -10,11 +10,10 @@ import sys
 import time
 from pathlib import Path
 
-from local_ems.server import LocalEmsServer
-
 from devkit.brokers import free_port, running_broker
 from devkit.kafka_data import Workload, committed_offsets, create_topics, end_offsets, produce_orders
 from devkit.service_process import ServiceProcess, wait_until
+from local_ems.server import LocalEmsServer
 
 REPO = Path(__file__).resolve().parents[1]
 AUTHORIZATION = "AppKey demo-app-key"

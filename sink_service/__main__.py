@@ -41,9 +41,10 @@ def main() -> int:
         print(f"sink-service: {exc}", file=sys.stderr)
         print("See the configuration reference in README.md.", file=sys.stderr)
         return 2
-    configure(config.log_level, _secrets(config))
-    log.info("starting kafka-parquet-sink %s", _versions())
-    log.info("configuration %s", config.masked())
+    configure(config.log_level, _secrets(config), json_format=config.log_format == "json")
+    versions = _versions()
+    log.info("starting kafka-parquet-sink %s", versions, extra={"fields": {"event": "start", **versions}})
+    log.info("configuration %s", config.masked(), extra={"fields": {"event": "config", "config": config.masked()}})
     from sink_service.service import SinkService
 
     return SinkService(config).run()

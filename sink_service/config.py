@@ -197,6 +197,12 @@ class SinkConfig:
     log_level: str = setting(
         "SINK_LOG_LEVEL", "Service log level.", "INFO",
         choices=("DEBUG", "INFO", "WARNING", "ERROR"), group="Runtime")
+    log_format: str = setting(
+        "SINK_LOG_FORMAT", "`text`, or `json` for one JSON object per line with stable field names.", "text",
+        choices=("text", "json"), group="Runtime")
+    spark_log_level: str = setting(
+        "SINK_SPARK_LOG_LEVEL", "Log level of Spark's own (JVM) logging.", "WARN",
+        choices=("ERROR", "WARN", "INFO", "DEBUG"), group="Runtime")
     shutdown_timeout_ms: int = setting(
         "SINK_SHUTDOWN_TIMEOUT_MS", "On SIGTERM, how long in-flight uploads may take to finish "
         "and commit before the service stops anyway.", 30_000, minimum=0, group="Runtime")

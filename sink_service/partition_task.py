@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ STATUS_OK = "ok"
 STATUS_RETRYABLE = "retryable"  # replay from the committed offsets
 STATUS_FATAL = "fatal"  # stop the service: retrying cannot fix it
 
+_DDL_TYPES = {pa.string(): "STRING", pa.int32(): "INT", pa.int64(): "BIGINT"}
 RESULT_SCHEMA = pa.schema([
     ("topic", pa.string()),
     ("partition", pa.int32()),
@@ -36,17 +38,17 @@ RESULT_SCHEMA = pa.schema([
     ("committable", pa.int64()),
     ("status", pa.string()),
     ("error", pa.string()),
+    ("failure_class", pa.string()),  # "", "retryable" or "fatal": upload failures only
     ("records_read", pa.int64()),
+    ("records_written", pa.int64()),
     ("records_uploaded", pa.int64()),
     ("bad_records", pa.int64()),
+    ("bad_reasons", pa.string()),  # JSON {kind: count}
     ("bad_samples", pa.string()),  # JSON list of BadRecord descriptions
+    ("retries", pa.string()),  # JSON {reason: count}
     ("files", pa.string()),  # JSON list of uploaded file descriptions
 ])
-RESULT_SCHEMA_DDL = (
-    "topic STRING, partition INT, range_start BIGINT, range_end BIGINT, committable BIGINT, "
-    "status STRING, error STRING, records_read BIGINT, records_uploaded BIGINT, bad_records BIGINT, "
-    "bad_samples STRING, files STRING"
-)
+RESULT_SCHEMA_DDL = ", ".join(f"{f.name} {_DDL_TYPES[f.type]}" for f in RESULT_SCHEMA)
 MAX_BAD_SAMPLES = 20
 
 
@@ -92,16 +94,20 @@ class _Outcome:
     committable: int = -1
     status: str = STATUS_OK
     error: str = ""
+    failure_class: str = ""
     records_read: int = 0
+    records_written: int = 0
     records_uploaded: int = 0
     bad_records: int = 0
+    bad_reasons: Counter = field(default_factory=Counter)
     bad_samples: list[str] = field(default_factory=list)
+    retries: Counter = field(default_factory=Counter)
     files: list[dict] = field(default_factory=list)
 
     def to_batch(self) -> pa.RecordBatch:
         row = {name: getattr(self, name) for name in RESULT_SCHEMA.names}
-        row["bad_samples"] = json.dumps(self.bad_samples)
-        row["files"] = json.dumps(self.files)
+        for name in ("bad_reasons", "bad_samples", "retries", "files"):
+            row[name] = json.dumps(row[name])
         return pa.RecordBatch.from_pylist([row], schema=RESULT_SCHEMA)
 
 
@@ -138,11 +144,14 @@ class _RangeProcessor:
             order_column=spec.decode.order_field,
             schema_fingerprint=closed.schema_fingerprint,
         )
+        o.records_written += closed.record_count
         try:
-            receipt: Receipt = _target(spec).upload(closed.path, metadata)
+            receipt: Receipt = _target(spec).upload(closed.path, metadata, on_retry=self._count_retry)
         except FatalUploadError as exc:
+            o.failure_class = STATUS_FATAL
             self._stop(STATUS_FATAL, f"upload of {metadata.file_name()} rejected: {exc}")
         except RetryableUploadError as exc:
+            o.failure_class = STATUS_RETRYABLE
             self._stop(STATUS_RETRYABLE, f"upload of {metadata.file_name()} failed: {exc}")
         finally:
             closed.path.unlink(missing_ok=True)
@@ -159,11 +168,9 @@ class _RangeProcessor:
             "response_id": receipt.response_id,
             "location": receipt.location,
         })
-        log.info(
-            "uploaded %s rows=%d bytes=%d attempts=%d duration=%.3fs target=%s id=%s",
-            metadata.file_name(), closed.record_count, receipt.bytes, receipt.attempts,
-            receipt.duration_s, receipt.target, receipt.response_id,
-        )
+
+    def _count_retry(self, error: RetryableUploadError, _attempt: int, _wait_s: float) -> None:
+        self.outcome.retries[error.reason] += 1
 
     def _stop(self, status: str, error: str) -> None:
         self.outcome.status, self.outcome.error = status, error
@@ -173,6 +180,7 @@ class _RangeProcessor:
         o = self.outcome
         o.bad_records += len(bad)
         for record in bad:
+            o.bad_reasons[record.kind] += 1
             if len(o.bad_samples) < MAX_BAD_SAMPLES:
                 o.bad_samples.append(record.describe())
             if self.spec.error_policy == "skip":

@@ -27,8 +27,15 @@ from pyspark.sql.streaming import StreamingQuery
 from sink_service.config import SinkConfig
 from sink_service.ddl import parse_ddl
 from sink_service.health import Health
-from sink_service.kafka_source.datasource import FORMAT_NAME, KafkaRangeDataSource, SourceOptions
+from sink_service.kafka_source.datasource import (
+    FORMAT_NAME,
+    PENDING_STATE_FILE,
+    SIZE_ESTIMATES_FILE,
+    KafkaRangeDataSource,
+    SourceOptions,
+)
 from sink_service.kafka_source.offsets import KafkaOffsets, TopicSelection, nest
+from sink_service.metrics import SinkMetrics
 from sink_service.offset_commit import ContiguousCommits, RangeOutcome
 from sink_service.partition_task import RESULT_SCHEMA_DDL, STATUS_FATAL, STATUS_OK, TaskSpec, process_range
 from sink_service.records import DecodeSpec
@@ -73,7 +80,7 @@ def start_spark(config: SinkConfig) -> SparkSession:
         spark = builder.getOrCreate()
     finally:
         signal.signal(signal.SIGTERM, previous)
-    spark.sparkContext.setLogLevel("WARN")
+    spark.sparkContext.setLogLevel(config.spark_log_level)
     spark.dataSource.register(KafkaRangeDataSource)
     return spark
 
@@ -99,8 +106,9 @@ class _SizeEstimates:
 
 
 class Pipeline:
-    def __init__(self, config: SinkConfig, spark: SparkSession, health: Health):
+    def __init__(self, config: SinkConfig, spark: SparkSession, health: Health, metrics: SinkMetrics):
         self.config = config
+        self.metrics = metrics
         self.spark = spark
         self.health = health
         self.client_config = {"bootstrap.servers": config.kafka_bootstrap_servers, **config.kafka_options}
@@ -111,8 +119,9 @@ class Pipeline:
         self.fatal_error: str | None = None
         self._commits: ContiguousCommits | None = None
         scratch = Path(config.scratch_dir)
-        scratch.mkdir(parents=True, exist_ok=True)
-        self._estimates = _SizeEstimates(scratch / "size-estimates.json", {})
+        self.state_dir = scratch / "state"
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._estimates = _SizeEstimates(self.state_dir / SIZE_ESTIMATES_FILE, {})
         value_schema = parse_ddl(config.value_schema) if config.value_schema else None
         self.task_spec = TaskSpec(
             decode=DecodeSpec(value_schema, config.primary_keys, config.order_field),
@@ -148,7 +157,7 @@ class Pipeline:
             flush_interval_ms=c.flush_interval_ms,
             max_files_per_batch=c.max_files_per_batch,
             topic_refresh_interval_ms=c.topic_refresh_interval_ms,
-            size_estimates_path=str(self._estimates.path),
+            state_dir=str(self.state_dir),
         )
         stream = (
             self.spark.readStream.format(FORMAT_NAME)
@@ -170,12 +179,16 @@ class Pipeline:
             return  # shutting down: admit nothing new; Kafka still holds it
         self.batch_running.set()
         started = time.monotonic()
+        result = "failed"
         try:
             task = functools.partial(process_range, self.task_spec)
             rows = batch.mapInArrow(task, RESULT_SCHEMA_DDL).collect()
             self._settle(batch_id, rows, time.monotonic() - started)
+            result = "ok"
         finally:
             self.batch_running.clear()
+            self.metrics.batch_duration.observe(time.monotonic() - started)
+            self.metrics.batches.labels(result).inc()
 
     def _settle(self, batch_id: int, rows: list, duration_s: float) -> None:
         outcomes = [
@@ -184,6 +197,7 @@ class Pipeline:
         ]
         commits, gaps = self._commits.advance(outcomes)
         self.kafka.commit(commits)
+        self.metrics.record_commits(commits)
         if commits:
             self.health.update(last_commit_at=time.time())
         records = sum(r.records_uploaded for r in rows)
@@ -206,15 +220,36 @@ class Pipeline:
             raise BatchIncomplete("; ".join(reasons + gaps))
         self.health.update(last_batch_ok=True, reason="")
 
+    def refresh_offset_metrics(self) -> None:
+        """Lag and pending records, also while no batch runs; doubles as the broker check."""
+        tps = list(self._commits.positions) if self._commits else []
+        try:
+            latest = self.kafka.latest(tps)
+            committed = self.kafka.committed(tps)
+        except Exception as exc:  # any client error means: not reachable right now
+            self.health.update(broker_ok=False, reason=f"broker unreachable: {exc}")
+            return
+        self.health.update(broker_ok=True)
+        self.metrics.record_lag(committed, latest)
+        self.metrics.record_admission(self.state_dir / PENDING_STATE_FILE)
+
     def _report_range(self, row) -> None:
+        self.metrics.record_outcome(row, self.config.target)
         for upload in json.loads(row.files):
             self._estimates.learn(row.topic, upload["bytes"], upload["records"])
+            fields = {
+                "event": "upload", "topic": row.topic, "partition": row.partition,
+                "first_offset": upload["first_offset"], "last_offset": upload["last_offset"],
+                "rows": upload["records"], "bytes": upload["bytes"], "duration_s": upload["duration_s"],
+                "attempts": upload["attempts"], "target": self.config.target,
+                "response_id": upload["response_id"], "file": upload["file"],
+            }
             log.info(
                 "uploaded topic=%s partition=%d offsets=%d-%d rows=%d bytes=%d duration=%.3fs "
                 "attempts=%d target=%s id=%s",
                 row.topic, row.partition, upload["first_offset"], upload["last_offset"],
                 upload["records"], upload["bytes"], upload["duration_s"], upload["attempts"],
-                self.config.target, upload["response_id"],
+                self.config.target, upload["response_id"], extra={"fields": fields},
             )
         if row.bad_records:
             log.warning(

@@ -33,6 +33,9 @@ RAW_SCHEMA_DDL = (
 )
 
 METADATA_COLUMNS = ("_key", "_topic", "_partition", "_offset", "_timestamp")
+BAD_RECORD_KINDS = (
+    "tombstone", "empty_value", "invalid_json", "schema_mismatch", "reserved_field", "missing_key",
+)
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ class BadRecord:
     partition: int
     offset: int
     reason: str
+    kind: str = "invalid_json"  # stable label for metrics: see BAD_RECORD_KINDS
 
     def describe(self) -> str:
         return f"topic={self.topic} partition={self.partition} offset={self.offset}: {self.reason}"
@@ -161,15 +165,15 @@ def _split_collisions(values: pa.Table, raw: pa.RecordBatch) -> tuple[pa.Table, 
         for row in pc.indices_nonzero(pc.is_valid(values.column(name))).to_pylist():
             rejected.setdefault(row, f"value has a field `{name}`, which collides with a metadata column")
     keep = pa.array([row not in rejected for row in range(values.num_rows)])
-    bad = [_bad_record(raw, row, reason) for row, reason in sorted(rejected.items())]
+    bad = [_bad_record(raw, row, reason, "reserved_field") for row, reason in sorted(rejected.items())]
     return values.drop_columns(names).filter(keep), raw.filter(keep), bad
 
 
-def _bad_record(rows: pa.RecordBatch | pa.Table, row: int, reason: str) -> BadRecord:
+def _bad_record(rows: pa.RecordBatch | pa.Table, row: int, reason: str, kind: str) -> BadRecord:
     topic, partition, offset = ("topic", "partition", "offset") if "topic" in rows.column_names else (
         "_topic", "_partition", "_offset")
     return BadRecord(rows.column(topic)[row].as_py(), rows.column(partition)[row].as_py(),
-                     rows.column(offset)[row].as_py(), reason)
+                     rows.column(offset)[row].as_py(), reason, kind)
 
 
 def _with_metadata(values: pa.Table, raw: pa.RecordBatch) -> pa.Table:
@@ -200,14 +204,16 @@ def _validate_keys(table: pa.Table, spec: DecodeSpec) -> tuple[pa.Table, list[Ba
         role = "primary key" if name in spec.primary_keys else "order field"
         if name not in table.column_names:
             return table.slice(0, 0), [
-                _bad_record(table, row, f"{role} field `{name}` is missing") for row in range(table.num_rows)
+                _bad_record(table, row, f"{role} field `{name}` is missing", "missing_key")
+                for row in range(table.num_rows)
             ]
         for row in pc.indices_nonzero(pc.is_null(table.column(name))).to_pylist():
             reasons.setdefault(row, f"{role} field `{name}` is missing or null")
     if not reasons:
         return table, []
     keep = pa.array([row not in reasons for row in range(table.num_rows)])
-    return table.filter(keep), [_bad_record(table, row, reason) for row, reason in sorted(reasons.items())]
+    bad = [_bad_record(table, row, reason, "missing_key") for row, reason in sorted(reasons.items())]
+    return table.filter(keep), bad
 
 
 def decode(raw: pa.RecordBatch, spec: DecodeSpec) -> DecodedChunk:
@@ -220,8 +226,8 @@ def decode(raw: pa.RecordBatch, spec: DecodeSpec) -> DecodedChunk:
     partition = raw.column("partition")[0].as_py()
     offsets = raw.column("offset")
 
-    def bad(row: int, reason: str) -> None:
-        chunk.bad_records.append(BadRecord(topic, partition, offsets[row].as_py(), reason))
+    def bad(row: int, reason: str, kind: str) -> None:
+        chunk.bad_records.append(BadRecord(topic, partition, offsets[row].as_py(), reason, kind))
 
     values = raw.column("value")
     tombstones = pc.is_null(values)
@@ -230,9 +236,9 @@ def decode(raw: pa.RecordBatch, spec: DecodeSpec) -> DecodedChunk:
     if pc.any(unusable).as_py():
         for row in pc.indices_nonzero(unusable).to_pylist():
             if tombstones[row].as_py():
-                bad(row, "value is null (tombstone); deletes are not supported by upsert targets")
+                bad(row, "value is null (tombstone); deletes are not supported by upsert targets", "tombstone")
             else:
-                bad(row, "value is empty")
+                bad(row, "value is empty", "empty_value")
         raw = raw.filter(pc.invert(unusable))
         offsets = raw.column("offset")
     if raw.num_rows == 0:
@@ -241,7 +247,7 @@ def decode(raw: pa.RecordBatch, spec: DecodeSpec) -> DecodedChunk:
     parts: list[tuple[int, int, pa.Table]] = []
     for start, end, parsed in _parse_segments(raw.column("value"), spec):
         if isinstance(parsed, str):
-            bad(start, parsed)
+            bad(start, parsed, "schema_mismatch" if parsed.startswith("field `") else "invalid_json")
         else:
             parts.append((start, end, parsed))
     for start, end, values in _merge_adjacent(parts):

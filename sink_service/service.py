@@ -19,6 +19,7 @@ from pyspark.errors import StreamingQueryException
 from sink_service.config import SinkConfig
 from sink_service.health import Health, HealthServer
 from sink_service.kafka_source.offsets import RetentionGapError
+from sink_service.metrics import SinkMetrics
 from sink_service.pipeline import Pipeline, start_spark
 
 log = logging.getLogger("sink_service")
@@ -26,12 +27,14 @@ log = logging.getLogger("sink_service")
 EXIT_OK = 0
 EXIT_CONFIG = 2
 EXIT_FATAL = 3
+OFFSET_MONITOR_INTERVAL_S = 5.0
 
 
 class SinkService:
     def __init__(self, config: SinkConfig):
         self.config = config
         self.health = Health()
+        self.metrics = SinkMetrics()
         self._stop_requested = threading.Event()
         self._pipeline: Pipeline | None = None
 
@@ -48,12 +51,14 @@ class SinkService:
         signal.signal(signal.SIGINT, self.request_stop)
         server = None
         if self.config.http_port:
-            server = HealthServer(self.health, self.config.http_port)
+            server = HealthServer(self.health, self.config.http_port, self.metrics.exposition)
             server.start()
-            log.info("health endpoints on port %d: /healthz /readyz", server.port)
+            log.info("HTTP endpoints on port %d: /healthz /readyz /metrics", server.port)
         spark = start_spark(self.config)
         try:
-            self._pipeline = Pipeline(self.config, spark, self.health)
+            self._pipeline = Pipeline(self.config, spark, self.health, self.metrics)
+            monitor = threading.Thread(target=self._monitor_offsets, name="offset-monitor", daemon=True)
+            monitor.start()
             if self._stop_requested.is_set():
                 self._pipeline.stopping.set()
             return self._supervise(self._pipeline)
@@ -62,6 +67,10 @@ class SinkService:
             if server is not None:
                 server.stop()
             log.info("stopped")
+
+    def _monitor_offsets(self) -> None:
+        while not self._stop_requested.wait(OFFSET_MONITOR_INTERVAL_S):
+            self._pipeline.refresh_offset_metrics()
 
     def _supervise(self, pipeline: Pipeline) -> int:
         backoff_s = 1.0

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Self
 
 from uploader.errors import FatalUploadError, RetryableUploadError, UploadError
-from uploader.retry import RetryPolicy, call_with_retries
+from uploader.retry import OnRetry, RetryPolicy, call_with_retries
 from uploader.target import FileMetadata, Receipt
 
 PATH_SETTING = "SINK_DIR_PATH"
@@ -76,13 +76,13 @@ class DirectoryTarget:
     def final_path(self, metadata: FileMetadata) -> pathlib.Path:
         return self.root / metadata.object_key()
 
-    def upload(self, path: pathlib.Path, metadata: FileMetadata) -> Receipt:
+    def upload(self, path: pathlib.Path, metadata: FileMetadata, on_retry: OnRetry | None = None) -> Receipt:
         path = pathlib.Path(path)
         size = path.stat().st_size
         final = self.final_path(metadata)
         what = f"write of {metadata.file_name()} ({size} bytes) to {final}"
         started = time.monotonic()
-        _, attempts = call_with_retries(lambda attempt: self._write(path, final, what), self.settings.retry)
+        _, attempts = call_with_retries(lambda attempt: self._write(path, final, what), self.settings.retry, on_retry)
         return Receipt(
             target=self.name,
             location=str(final),

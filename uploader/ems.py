@@ -33,7 +33,7 @@ from uploader.errors import FatalUploadError
 from uploader.masking import MASK, authorization_secrets, mask_authorization, mask_url_password, redact
 from uploader.multipart import MultipartFileBody
 from uploader.proxy import PROXY_SETTING, proxy_url_with_credentials, requests_proxies
-from uploader.retry import RetryPolicy, call_with_retries
+from uploader.retry import OnRetry, RetryPolicy, call_with_retries
 from uploader.target import FileMetadata, Receipt
 
 log = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ class EmsTarget:
         separator = "&" if "?" in s.endpoint else "?"
         return f"{s.endpoint}{separator}{urlencode(params, safe=',', quote_via=quote)}"
 
-    def upload(self, path: pathlib.Path, metadata: FileMetadata) -> Receipt:
+    def upload(self, path: pathlib.Path, metadata: FileMetadata, on_retry: OnRetry | None = None) -> Receipt:
         """POST the file, retrying transient failures within the policy's time budget."""
         path = pathlib.Path(path)
         size = path.stat().st_size
@@ -200,7 +200,7 @@ class EmsTarget:
         url = self.request_url(metadata)
         started = time.monotonic()
         answer, attempts = call_with_retries(
-            lambda attempt: self._post(path, metadata, url, what, attempt), self.settings.retry
+            lambda attempt: self._post(path, metadata, url, what, attempt), self.settings.retry, on_retry
         )
         response_id = answer.get("id")
         response_id = None if response_id is None else str(response_id)

@@ -17,6 +17,9 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
 from uploader.errors import RetriesExhaustedError, RetryableUploadError
 
+# on_retry(error, failed_attempt, wait_s): called before each wait, e.g. to count retries by reason.
+OnRetry = Callable[[RetryableUploadError, int, float], None]
+
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
@@ -61,7 +64,7 @@ def backoff_wait(
 def call_with_retries(
     fn: Callable[[int], T],
     policy: RetryPolicy,
-    on_retry: Callable[[RetryableUploadError, int, float], None] | None = None,
+    on_retry: OnRetry | None = None,
 ) -> tuple[T, int]:
     """fn(attempt_number) -> result; returns (result, attempts).
 

@@ -43,7 +43,7 @@ from boto3.s3.transfer import TransferConfig
 from uploader.classify import BODY_LIMIT, FatalHint, is_retryable_status, parse_retry_after
 from uploader.errors import FatalUploadError, RetryableUploadError, UploadError
 from uploader.masking import mask_url_password
-from uploader.retry import RetryPolicy, call_with_retries
+from uploader.retry import OnRetry, RetryPolicy, call_with_retries
 from uploader.target import FileMetadata, Receipt
 
 log = logging.getLogger(__name__)
@@ -234,7 +234,7 @@ class S3Target:
     def client(self) -> Any:
         return self._client
 
-    def upload(self, path: pathlib.Path, metadata: FileMetadata) -> Receipt:
+    def upload(self, path: pathlib.Path, metadata: FileMetadata, on_retry: OnRetry | None = None) -> Receipt:
         """Write the file to its deterministic key, retrying transient failures within the budget."""
         path = pathlib.Path(path)
         size = path.stat().st_size
@@ -244,7 +244,7 @@ class S3Target:
         extra = {"Metadata": object_metadata(metadata), "ContentType": CONTENT_TYPE}
         started = time.monotonic()
         answer, attempts = call_with_retries(
-            lambda attempt: self._put(path, bucket, key, extra, what, attempt), self.settings.retry
+            lambda attempt: self._put(path, bucket, key, extra, what, attempt), self.settings.retry, on_retry
         )
         etag = (answer.get("ETag") or "").strip('"') or None
         version_id = answer.get("VersionId")

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from uploader.retry import OnRetry
+
 
 @dataclass(frozen=True)
 class FileMetadata:
@@ -56,7 +58,7 @@ class UploadTarget(Protocol):
 
     name: str
 
-    def upload(self, path: pathlib.Path, metadata: FileMetadata) -> Receipt:
+    def upload(self, path: pathlib.Path, metadata: FileMetadata, on_retry: OnRetry | None = None) -> Receipt:
         """Push one closed file; raise FatalUploadError or RetryableUploadError on failure."""
         ...
 

@@ -26,6 +26,8 @@ from sink_service.records import RAW_SCHEMA_DDL
 log = logging.getLogger(__name__)
 
 FORMAT_NAME = "kafka_tp_ranges"
+SIZE_ESTIMATES_FILE = "size-estimates.json"
+PENDING_STATE_FILE = "pending.json"
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class SourceOptions:
     flush_interval_ms: int
     max_files_per_batch: int
     topic_refresh_interval_ms: int
-    size_estimates_path: str
+    state_dir: str  # planner <-> driver hints (size estimates, pending state); never needed for correctness
 
     def to_option(self) -> str:
         return json.dumps(asdict(self))
@@ -123,15 +125,31 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
         if now - self._estimates_read_at > 5:
             self._estimates_read_at = now
             with contextlib.suppress(OSError, ValueError):
-                self._estimates = json.loads(Path(self.options.size_estimates_path).read_text())
+                self._estimates = json.loads((Path(self.options.state_dir) / SIZE_ESTIMATES_FILE).read_text())
         return self._estimates
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         kafka = self._kafka()
         current = self._discover(flatten(start))
         available = kafka.latest(current)
-        end = self._admission.plan(current, available, time.time(), self._bytes_per_record())
+        now = time.time()
+        end = self._admission.plan(current, available, now, self._bytes_per_record())
+        self._publish_pending(current, available, end)
         return nest(end)
+
+    def _publish_pending(self, start: dict, available: dict, end: dict) -> None:
+        """What is still waiting after this plan, for the driver's metrics (another process)."""
+        since = self._admission.pending_since
+        state = {
+            f"{topic}:{partition}": [max(0, available.get((topic, partition), 0) - end[(topic, partition)]),
+                                     since.get((topic, partition))]
+            for topic, partition in start
+        }
+        path = Path(self.options.state_dir) / PENDING_STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        with contextlib.suppress(OSError):
+            tmp.write_text(json.dumps({"partitions": state}))
+            tmp.replace(path)
 
     def partitions(self, start: dict, end: dict) -> list[KafkaRangePartition]:
         begin, finish = flatten(start), flatten(end)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import re
 
-from local_ems.server import LocalEmsServer
-
 from devkit.kafka_data import Workload, committed_offsets, end_offsets
+from local_ems.server import LocalEmsServer
 
 _FILE_NAME = re.compile(
     r"topic-(?P<topic>.+)_partition-(?P<p>\d+)_firstOffset-(?P<f>\d+)_lastOffset-(?P<l>\d+)\.parquet"

@@ -7,10 +7,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from local_ems.server import LocalEmsServer
 
 from devkit.brokers import free_port
 from devkit.service_process import ServiceProcess
+from local_ems.server import LocalEmsServer
 
 AUTHORIZATION = "AppKey e2e-secret-app-key-4711"
 _names = itertools.count()
