@@ -13,7 +13,7 @@ from pathlib import Path
 
 import requests
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 class ServiceProcess:

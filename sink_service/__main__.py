@@ -47,7 +47,7 @@ def main() -> int:
     log.info("configuration %s", config.masked(), extra={"fields": {"event": "config", "config": config.masked()}})
     from sink_service.service import SinkService
 
-    return SinkService(config).run()
+    return SinkService(config, versions).run()
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 TP = tuple[str, int]
@@ -53,6 +53,8 @@ class SinkMetrics:
         self.batches = Counter("sink_microbatches_total", "Micro-batches by result.", ("result",), registry=r)
         self.last_commit = Gauge(
             "sink_last_commit_timestamp_seconds", "Unix time of the last successful commit.", _TP, registry=r)
+        self.ready = Gauge("sink_ready", "1 while /readyz answers 200.", registry=r)
+        self.build_info = Info("sink_build", "Versions of the service, Spark and librdkafka.", registry=r)
         self.committed_offset = Gauge(
             "sink_committed_offset", "Offset committed to the consumer group.", _TP, registry=r)
 

@@ -31,10 +31,11 @@ OFFSET_MONITOR_INTERVAL_S = 5.0
 
 
 class SinkService:
-    def __init__(self, config: SinkConfig):
+    def __init__(self, config: SinkConfig, versions: dict[str, str] | None = None):
         self.config = config
         self.health = Health()
         self.metrics = SinkMetrics()
+        self.metrics.build_info.info(versions or {})
         self._stop_requested = threading.Event()
         self._pipeline: Pipeline | None = None
 
@@ -51,7 +52,7 @@ class SinkService:
         signal.signal(signal.SIGINT, self.request_stop)
         server = None
         if self.config.http_port:
-            server = HealthServer(self.health, self.config.http_port, self.metrics.exposition)
+            server = HealthServer(self.health, self.config.http_port, self._metrics_exposition)
             server.start()
             log.info("HTTP endpoints on port %d: /healthz /readyz /metrics", server.port)
         spark = start_spark(self.config)
@@ -67,6 +68,10 @@ class SinkService:
             if server is not None:
                 server.stop()
             log.info("stopped")
+
+    def _metrics_exposition(self) -> tuple[bytes, str]:
+        self.metrics.ready.set(1 if self.health.readiness()[0] else 0)
+        return self.metrics.exposition()
 
     def _monitor_offsets(self) -> None:
         while not self._stop_requested.wait(OFFSET_MONITOR_INTERVAL_S):
