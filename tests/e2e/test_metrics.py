@@ -43,7 +43,8 @@ def test_metrics_match_a_known_workload(bootstrap, ems, unique, service_env, ser
 
     ems.inject_fault(503, count=2)
     started = time.time()
-    env = service_env(topic, group, SINK_FLUSH_RECORDS=400, SINK_ERROR_POLICY="skip", SINK_FLUSH_INTERVAL_MS=1000)
+    env = service_env(topic, group, SINK_FLUSH_RECORDS=400, SINK_ERROR_POLICY="skip", SINK_FLUSH_INTERVAL_MS=1000,
+                      SINK_LOG_FORMAT="json")
     port = int(env["SINK_HTTP_PORT"])
     service = services(env)
     wait_until(lambda: all_committed(bootstrap, group, topic, 2), 180, "all commits", process=service)
@@ -70,6 +71,15 @@ def test_metrics_match_a_known_workload(bootstrap, ems, unique, service_env, ser
     assert len(commits) == 2 and all(started < t <= time.time() for t in commits.values())
     committed = _total_by_partition(samples, "sink_committed_offset", topic)
     assert committed == {"0": 1501, "1": 1501}
+
+    # The JSON log has one event per upload with stable field names, matching the endpoint's log.
+    events = [json.loads(line) for line in service.output().splitlines() if line.startswith("{")]
+    upload_events = [e for e in events if e.get("event") == "upload"]
+    assert {e["response_id"] for e in upload_events} == {u["id"] for u in uploads}
+    for event in upload_events:
+        assert {"ts", "level", "topic", "partition", "first_offset", "last_offset", "rows", "bytes", "duration_s",
+                "attempts", "target", "response_id"} <= set(event)
+    assert any(e.get("event") == "config" for e in events)
 
 
 def _total_by_partition(samples: dict, name: str, topic: str) -> dict[str, float]:
