@@ -7,7 +7,6 @@ threshold plus at most one row group.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import uuid
 from collections.abc import Callable
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from uploader.parquet_info import schema_fingerprint
 
 ROW_GROUP_MAX_BYTES = 32 * 1024 * 1024
 
@@ -30,11 +31,6 @@ class ClosedFile:
     record_count: int
     size_bytes: int
     schema_fingerprint: str
-
-
-def schema_fingerprint(schema: pa.Schema) -> str:
-    text = ",".join(f"{f.name}:{f.type}" for f in schema)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _file_schema(schema: pa.Schema) -> pa.Schema:

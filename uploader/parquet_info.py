@@ -45,8 +45,8 @@ def parse_file_name(name: str) -> RangeName | None:
 def schema_fingerprint(schema: pa.Schema) -> str:
     """Short digest of column names and Arrow types; equal schemas give equal fingerprints.
 
-    Must stay equal to sink_service.parquet_files.schema_fingerprint (a test checks it), so a
-    file pushed by hand carries the same fingerprint the service would have sent.
+    The service uses this same function, so a file pushed by hand carries the fingerprint the
+    service would have sent.
     """
     text = ",".join(f"{f.name}:{f.type}" for f in schema)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
