@@ -6,8 +6,10 @@ Every process started here is stopped here, by PID.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +20,23 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
+
+
+def _stop_group(process: subprocess.Popen) -> None:
+    """SIGTERM the whole process group, then SIGKILL whatever is left after 10 s."""
+    for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        # The launcher is gone; make sure no child of it survives.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        return
 
 
 def free_port() -> int:
@@ -70,17 +89,13 @@ def running_broker(kind: str | None = None) -> Iterator[str]:
                    "--storage-engine", "memory://tansu/"]
     else:
         raise ValueError(f"unknown SINK_TEST_BROKER={kind!r}; use noida, tansu or external")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    # Own process group: noida-db's launcher starts the server as a child, which must go too.
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     bootstrap = f"127.0.0.1:{port}"
     try:
         wait_for_broker(bootstrap)
         yield bootstrap
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _stop_group(process)
         log.close()
         shutil.rmtree(data_dir, ignore_errors=True)

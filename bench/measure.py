@@ -1,0 +1,182 @@
+"""What the benchmark observes from outside a system: its process tree, its committed offsets, its files."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import psutil
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+
+class ProcessTreeSampler:
+    """Samples RSS summed over a process and all its descendants (JVM and Python workers included).
+
+    Also accumulates the CPU time of the tree and of the whole machine, so a run can say how much CPU
+    other processes (a CI run on the same machine, say) took while it ran.
+    """
+
+    def __init__(self, pid: int, interval_s: float = 0.2, ours: Iterable[int] = ()):
+        self.root = psutil.Process(pid)
+        self.interval_s = interval_s
+        # The benchmark itself (first) and the broker: not "other load", reported on their own.
+        self.ours = [psutil.Process(p) for p in ours]
+        self.peak_rss = 0
+        self.peak_processes = 0
+        self.samples: list[tuple[float, int]] = []  # (monotonic, rss bytes)
+        self._cpu: dict[int, float] = {}  # pid -> last seen user+system seconds of a tree member
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def __enter__(self) -> ProcessTreeSampler:
+        self._t0 = time.monotonic()
+        self._machine0 = _busy_cpu_seconds()
+        self._ours0 = [_cpu_seconds(p) for p in self.ours]
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(5)
+        self.wall_s = time.monotonic() - self._t0
+        machine = _busy_cpu_seconds() - self._machine0
+        self.ours_cpu_s = [_cpu_seconds(p) - before for p, before in zip(self.ours, self._ours0, strict=True)]
+        self.other_cpu_s = max(0.0, machine - sum(self.ours_cpu_s) - self.tree_cpu_s)
+
+    @property
+    def tree_cpu_s(self) -> float:
+        return sum(self._cpu.values())
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval_s)
+
+    def sample(self) -> None:
+        try:
+            processes = [self.root, *self.root.children(recursive=True)]
+        except psutil.Error:
+            return
+        rss = 0
+        for p in processes:
+            with contextlib.suppress(psutil.Error), p.oneshot():
+                rss += p.memory_info().rss
+                self._cpu[p.pid] = _cpu_seconds(p)
+        self.samples.append((time.monotonic(), rss))
+        if rss > self.peak_rss:
+            self.peak_rss = rss
+        self.peak_processes = max(self.peak_processes, len(processes))
+
+
+def _cpu_seconds(p: psutil.Process) -> float:
+    try:
+        t = p.cpu_times()
+        return t.user + t.system
+    except psutil.Error:
+        return 0.0
+
+
+def _busy_cpu_seconds() -> float:
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
+@dataclass
+class CommitTimeline:
+    """Committed offsets of one group, polled until they reach the end offsets."""
+
+    started: float  # monotonic time the system's process was started
+    points: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, committed records)
+    first_commit_s: float | None = None
+    first_commit_records: int = 0
+    last_commit_s: float | None = None
+
+
+class OffsetWatcher:
+    def __init__(self, bootstrap: str, group: str, topic: str, end_offsets: dict[int, int]):
+        self.admin = AdminClient({"bootstrap.servers": bootstrap})
+        self.group, self.topic, self.end = group, topic, end_offsets
+        self.total = sum(end_offsets.values())
+
+    def committed(self) -> dict[int, int]:
+        request = ConsumerGroupTopicPartitions(self.group, [TopicPartition(self.topic, p) for p in self.end])
+        futures = self.admin.list_consumer_group_offsets([request], request_timeout=10)
+        result = next(iter(futures.values())).result()
+        return {tp.partition: max(tp.offset, 0) for tp in result.topic_partitions}
+
+    def wait_until_done(self, started: float, timeout_s: float, alive, stall_s: float,
+                        interval_s: float = 0.2) -> CommitTimeline:
+        """Poll committed offsets until every partition's equals its end offset.
+
+        Gives up when `alive()` turns False, after `timeout_s`, or when nothing new was committed for `stall_s`.
+        """
+        timeline = CommitTimeline(started)
+        deadline = started + timeout_s
+        last, progressed = -1, started
+        while True:
+            now = time.monotonic()
+            try:
+                committed = self.committed()
+            except Exception:  # broker busy: try again next round
+                committed = None
+            if committed is not None:
+                done = sum(min(committed.get(p, 0), end) for p, end in self.end.items())
+                elapsed = now - started
+                if done != last:
+                    timeline.points.append((elapsed, done))
+                    last, progressed = done, now
+                if done > 0 and timeline.first_commit_s is None:
+                    timeline.first_commit_s, timeline.first_commit_records = elapsed, done
+                if all(committed.get(p, 0) >= end for p, end in self.end.items()):
+                    timeline.last_commit_s = elapsed
+                    return timeline
+            if not alive():
+                raise RuntimeError(f"the system exited before committing everything ({last}/{self.total})")
+            if now > deadline:
+                raise TimeoutError(f"not everything committed after {timeout_s:.0f}s ({last}/{self.total})")
+            if now - progressed > stall_s:
+                raise TimeoutError(f"nothing committed for {stall_s:.0f}s ({last}/{self.total} so far)")
+            time.sleep(interval_s)
+
+
+def latency_stats(upload_s: np.ndarray, produced_ms: np.ndarray, started_wall_s: float) -> dict:
+    """Per-record latency from produce (Kafka timestamp) to upload, in seconds.
+
+    `raw` is upload time minus Kafka timestamp. Every system runs on a backlog that was produced before it
+    started (and after the systems before it), so raw latency mostly measures the wait for earlier systems;
+    `backlog` measures from max(produce time, system start) instead and is the one to compare.
+    """
+    if produced_ms.size == 0:
+        return {"records": 0}
+    produced_s = produced_ms.astype(np.float64) / 1000.0
+    raw = upload_s - produced_s
+    rebased = upload_s - np.maximum(produced_s, started_wall_s)
+    return {
+        "records": int(produced_ms.size),
+        "p50_s": float(np.percentile(rebased, 50)),
+        "p99_s": float(np.percentile(rebased, 99)),
+        "max_s": float(rebased.max()),
+        "raw_p50_s": float(np.percentile(raw, 50)),
+        "raw_p99_s": float(np.percentile(raw, 99)),
+    }
+
+
+def machine_info() -> dict:
+    info = {"cores": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1)}
+    with contextlib.suppress(OSError):
+        for line in open("/proc/cpuinfo"):  # noqa: SIM115 - read once
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    return info

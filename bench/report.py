@@ -1,0 +1,241 @@
+"""results.json, results.md and results.png from the measured runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ROWS = [  # (key in a system's result, label, format)
+    ("records_per_s", "records/s, start to last commit", "{:,.0f}"),
+    ("mb_per_s", "MB/s, start to last commit", "{:.2f}"),
+    ("after_first_commit_records_per_s", "records/s after the first commit", "{:,.0f}"),
+    ("after_first_commit_mb_per_s", "MB/s after the first commit", "{:.2f}"),
+    ("first_commit_s", "time to first commit (s)", "{:.1f}"),
+    ("last_commit_s", "time to last commit (s)", "{:.1f}"),
+    ("latency_p50_s", "latency p50, produce->upload (s) [1]", "{:.1f}"),
+    ("latency_p99_s", "latency p99, produce->upload (s) [1]", "{:.1f}"),
+    ("peak_rss_mb", "peak RSS, whole process tree (MB)", "{:,.0f}"),
+    ("peak_processes", "processes in the tree (max)", "{:d}"),
+    ("cpu_s", "CPU seconds, whole process tree", "{:.1f}"),
+    ("cpu_s_per_m_records", "CPU seconds per million records", "{:.1f}"),
+    ("broker_cpu_s", "CPU seconds meanwhile: broker [3]", "{:.1f}"),
+    ("endpoint_cpu_s", "CPU seconds meanwhile: endpoint + benchmark [3]", "{:.1f}"),
+    ("files", "files", "{:d}"),
+    ("mean_file_mb", "mean file size (MB)", "{:.2f}"),
+    ("rows_in_files", "rows in files", "{:,d}"),
+    ("endpoint_rows", "rows in the endpoint table (distinct keys)", "{:,d}"),
+    ("other_load_cores", "other load on the machine (cores busy) [2]", "{:.2f}"),
+]
+RATIOS = [  # (key, label, higher is better)
+    ("records_per_s", "throughput, start to last commit", True),
+    ("after_first_commit_records_per_s", "throughput after the first commit", True),
+    ("first_commit_s", "time to first commit", False),
+    ("latency_p50_s", "latency p50", False),
+    ("latency_p99_s", "latency p99", False),
+    ("peak_rss_mb", "peak RSS", False),
+    ("cpu_s", "CPU seconds", False),
+]
+
+
+def _fmt(value, fmt: str) -> str:
+    if value is None:
+        return "—"
+    try:
+        return fmt.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def ratio(a, b) -> float | None:
+    return None if a is None or b in (None, 0) else a / b
+
+
+def ratios(systems: dict[str, dict]) -> dict[str, dict[str, float | None]]:
+    service = systems.get("service")
+    out: dict[str, dict[str, float | None]] = {}
+    if not service:
+        return out
+    for other in ("quix", "handwritten"):
+        if other in systems:
+            out[f"service/{other}"] = {key: ratio(service.get(key), systems[other].get(key)) for key, _, _ in RATIOS}
+    return out
+
+
+def run_markdown(run: dict, heading: str = "###") -> str:
+    systems = run["systems"]
+    names = list(systems)
+    w = run["workload"]
+    lines = [
+        f"{heading} {w['records']:,} records x {w['record_size']} B, {w['partitions']} partitions, "
+        f"{w['keys']:,} keys (topic `{run['topic']}`)",
+        "",
+        f"Produced in {run['produce_s']:.1f}s ({run['records'] / run['produce_s']:,.0f} records/s), "
+        f"{run['payload_bytes'] / 1e6:.1f} MB of keys and values.",
+        "",
+        "| | " + " | ".join(systems[n]["label"] for n in names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    for key, label, fmt in ROWS:
+        lines.append(f"| {label} | " + " | ".join(_fmt(systems[n].get(key), fmt) for n in names) + " |")
+    phases = systems.get("service", {}).get("phases")
+    if phases and "first_batch_started_s" in phases:
+        service = systems["service"]
+        lines += ["", f"Service timeline (seconds since process start): Python logging at "
+                      f"{phases.get('python_started_s', '?')}, streaming query started at "
+                      f"{phases.get('query_started_s', '?')} (Spark session and JVM up), first micro-batch started "
+                      f"at {phases['first_batch_started_s']} and took {phases['first_batch_s']}; "
+                      f"{phases['batches']} micro-batch(es) logged, {phases['batch_s_total']}s in total."
+                  + (f" Uploads: {service['uploads']:.0f} taking {service['upload_seconds_total']:.1f}s summed."
+                     if service.get("uploads") else "")]
+    errors = [f"- **{systems[n]['label']}** failed: {systems[n]['error']}" for n in names if systems[n].get("error")]
+    if errors:
+        lines += ["", *errors]
+    table = run.get("ratios", {})
+    if table:
+        lines += ["", "Ratios (service divided by peer; throughput: >1 means the service is faster; time, "
+                      "latency, memory, CPU: <1 means the service needs less):", "",
+                  "| | " + " | ".join(table) + " |", "|---|" + "---:|" * len(table)]
+        for key, label, _ in RATIOS:
+            lines.append(f"| {label} | " + " | ".join(_fmt(table[c].get(key), "{:.2f}x") for c in table) + " |")
+    return "\n".join(lines)
+
+
+NOTES = """\
+[1] Every system consumes a backlog produced before it started (and before the systems that ran
+earlier), so latency is measured from max(produce timestamp, system start) to the file's arrival: for
+the service and the hand-written pipeline the endpoint's `received_at` of the file holding the record,
+for Quix the file's mtime on local disk. The raw produce->upload figures are in results.json.
+[2] CPU time of processes other than the system, the benchmark (which hosts the endpoint) and the broker,
+divided by the system's wall time: a CI run sharing the machine shows up here.
+[3] CPU used during the system's run by the broker (serving fetches and commits) and by the benchmark
+process, which hosts the endpoint (multipart parsing, Parquet decoding, SQLite upsert) and polls offsets: part
+of the cost of a run, not counted in the system's own CPU seconds.
+
+Only the service and the hand-written pipeline push each file to the EMS-compatible endpoint (which
+parses it and upserts it into SQLite inside the benchmark process, on the same cores); Quix writes local
+files and pushes nothing. Compare ratios, not absolute numbers: the machine is shared and noisy."""
+
+
+def markdown(result: dict) -> str:
+    env = result["environment"]
+    versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
+    parts = [
+        "# Benchmark results",
+        "",
+        f"{result['started_at']} on {env['machine'].get('cores')} cores ({env['machine'].get('cpu', '?')}, "
+        f"{env['machine'].get('memory_gb')} GB). {versions}.",
+        "",
+        "Settings: " + ", ".join(f"{k}={v}" for k, v in result["settings"].items()) + ".",
+        "",
+    ]
+    for run in result["runs"]:
+        parts += [run_markdown(run), ""]
+    if len(result["runs"]) > 1:
+        parts += [sweep_markdown(result), ""]
+    parts += [NOTES, ""]
+    return "\n".join(parts)
+
+
+def sweep_markdown(result: dict) -> str:
+    names = list(result["runs"][0]["systems"])
+    lines = ["### Sweep: records/s (start to last commit)", "",
+             f"| {result['sweep']} | " + " | ".join(names) + " | service/quix | service/handwritten |",
+             "|---|" + "---:|" * (len(names) + 2)]
+    for run in result["runs"]:
+        s = run["systems"]
+        r = run.get("ratios", {})
+        lines.append(
+            f"| {run['sweep_value']} | " + " | ".join(_fmt(s[n].get("records_per_s"), "{:,.0f}") for n in names)
+            + f" | {_fmt(r.get('service/quix', {}).get('records_per_s'), '{:.2f}x')}"
+            + f" | {_fmt(r.get('service/handwritten', {}).get('records_per_s'), '{:.2f}x')} |")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = result["runs"]
+    if len(runs) > 1:
+        _plot_sweep(result, path, plt)
+        return
+    run = runs[0]
+    systems = run["systems"]
+    names = list(systems)
+    labels = [systems[n]["label"].replace(" (", "\n(") for n in names]
+    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"][: len(names)]
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    ax = axes[0][0]
+    whole = [systems[n].get("records_per_s") or 0 for n in names]
+    after = [systems[n].get("after_first_commit_records_per_s") or 0 for n in names]
+    x = range(len(names))
+    bars = ax.bar([i - 0.2 for i in x], whole, 0.4, color=colors, label="start to last commit")
+    ax.bar_label(bars, labels=[f"{v:,.0f}" for v in whole], fontsize=7)
+    bars = ax.bar([i + 0.2 for i in x], after, 0.4, color=colors, alpha=0.45, hatch="//", label="after first commit")
+    ax.bar_label(bars, labels=[f"{v:,.0f}" if v else "" for v in after], fontsize=7)
+    ax.set_xticks(list(x), labels, fontsize=8)
+    ax.set_ylabel("records/s")
+    ax.set_title("Throughput")
+    ax.legend(fontsize=8)
+    ax = axes[0][1]
+    rss = [systems[n].get("peak_rss_mb") or 0 for n in names]
+    ax.bar_label(ax.bar(labels, rss, color=colors), labels=[f"{v:,.0f}" for v in rss], fontsize=7)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.set_ylabel("MB")
+    ax.set_title("Peak RSS, whole process tree")
+    ax = axes[1][0]
+    for n, color in zip(names, colors, strict=True):
+        points = systems[n].get("timeline") or []
+        if points:
+            ax.step([p[0] for p in points], [p[1] for p in points], where="post", color=color,
+                    label=systems[n]["label"])
+    ax.set_xlabel("seconds since process start")
+    ax.set_ylabel("records committed")
+    ax.set_title("Committed offsets over time")
+    ax.legend(fontsize=8)
+    ax = axes[1][1]
+    p50 = [systems[n].get("latency_p50_s") or 0 for n in names]
+    p99 = [systems[n].get("latency_p99_s") or 0 for n in names]
+    ax.bar([i - 0.2 for i in x], p50, 0.4, color=colors, label="p50")
+    ax.bar([i + 0.2 for i in x], p99, 0.4, color=colors, alpha=0.45, hatch="//", label="p99")
+    ax.set_xticks(list(x), labels, fontsize=8)
+    ax.set_ylabel("seconds")
+    ax.set_title("Latency produce->upload (from system start for the backlog)")
+    ax.legend(fontsize=8)
+    w = run["workload"]
+    fig.suptitle(f"{w['records']:,} records x {w['record_size']} B, {w['partitions']} partitions, "
+                 f"{result['environment']['machine'].get('cores')} cores (shared machine: compare ratios)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_sweep(result: dict, path: Path, plt) -> None:
+    runs = result["runs"]
+    names = list(runs[0]["systems"])
+    values = [str(run["sweep_value"]) for run in runs]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    for n in names:
+        label = runs[0]["systems"][n]["label"]
+        axes[0].plot(values, [run["systems"][n].get("records_per_s") or 0 for run in runs], marker="o", label=label)
+        axes[1].plot(values, [run["systems"][n].get("peak_rss_mb") or 0 for run in runs], marker="o", label=label)
+    axes[0].set_ylabel("records/s (start to last commit)")
+    axes[1].set_ylabel("peak RSS (MB)")
+    for ax in axes:
+        ax.set_xlabel(result["sweep"])
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Sweep over {result['sweep']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(result: dict, directory: Path, stem: str = "results") -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [directory / f"{stem}.json", directory / f"{stem}.md", directory / f"{stem}.png"]
+    paths[0].write_text(json.dumps(result, indent=2) + "\n")
+    paths[1].write_text(markdown(result))
+    plot(result, paths[2])
+    return paths

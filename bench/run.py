@@ -1,0 +1,312 @@
+"""Benchmark the sink service side by side with Quix Streams FileSink and a hand-written pipeline.
+
+    .venv/bin/python -m bench.run [--records 2000000] [--partitions 8] [--sweep partitions|record-size|backlog]
+
+Starts a local broker (noida-db) and the local EMS-compatible endpoint once, produces the workload once, then
+runs each system in turn against it, each with its own consumer group, until every partition's committed
+offset equals its end offset, and stops it. Writes bench/results/results.{json,md,png} (a sweep writes
+bench/results/sweep_<name>.*). Scratch data goes to bench/results/tmp/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+from confluent_kafka import libversion
+
+from bench import report
+from bench.measure import OffsetWatcher, ProcessTreeSampler, latency_stats, machine_info
+from bench.systems import BENCH, QUIX_VENV, SYSTEMS, Output, RunContext, System
+from bench.workload import Produced, WorkloadSpec, build_records, produce
+from devkit.brokers import running_broker
+from devkit.kafka_data import create_topics, end_offsets
+from local_ems.server import LocalEmsServer
+
+AUTHORIZATION = "AppKey bench-key"
+RESULTS = BENCH / "results"
+QUIX_REQUIREMENTS = BENCH / "requirements-quix.txt"
+SWEEPS = {"partitions": (1, 4, 16), "record-size": (100, 1000, 10_000), "backlog": (500_000, 2_000_000)}
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def ensure_quix_venv() -> Path:
+    """quixstreams pins confluent-kafka<2.13, the project needs 2.16: Quix gets its own virtualenv."""
+    python = QUIX_VENV / "bin" / "python"
+    digest = hashlib.sha256(QUIX_REQUIREMENTS.read_bytes()).hexdigest()[:16]
+    stamp = QUIX_VENV / f".installed-{digest}"
+    if stamp.exists() and python.exists():
+        return python
+    log(f"creating {QUIX_VENV.relative_to(BENCH.parent)} for quixstreams (one-off)")
+    if not python.exists():
+        base = getattr(sys, "_base_executable", None) or shutil.which("python3") or "python3"
+        subprocess.run([base, "-m", "venv", str(QUIX_VENV)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-r", str(QUIX_REQUIREMENTS)], check=True)
+    for old in QUIX_VENV.glob(".installed-*"):
+        old.unlink()
+    stamp.touch()
+    return python
+
+
+def versions(with_quix: bool) -> dict[str, str]:
+    found = {"python": sys.version.split()[0]}
+    for package in ("pyspark", "pyarrow", "confluent-kafka", "noida-db", "numpy"):
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            found[package] = "absent"
+    found["librdkafka"] = libversion()[0]
+    try:
+        java = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=30).stderr
+        found["java"] = java.splitlines()[0].split('"')[1] if '"' in java else java.strip()[:40]
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        found["java"] = "?"
+    if with_quix:
+        script = ("import importlib.metadata as m, json; print(json.dumps({p: m.version(p) for p in "
+                  "('quixstreams', 'confluent-kafka', 'pyarrow')}))")
+        try:
+            quix = json.loads(subprocess.run([str(QUIX_VENV / "bin" / "python"), "-c", script], capture_output=True,
+                                             text=True, check=True, timeout=60).stdout)
+            found["quixstreams"] = quix["quixstreams"]
+            found["quix venv confluent-kafka"] = quix["confluent-kafka"]
+            found["quix venv pyarrow"] = quix["pyarrow"]
+        except (OSError, subprocess.SubprocessError, ValueError, KeyError):
+            found["quixstreams"] = "?"
+    return found
+
+
+def produce_workload(bootstrap: str, spec: WorkloadSpec, topic: str) -> Produced:
+    create_topics(bootstrap, {topic: spec.partitions})
+    log(f"building {spec.records:,} records of {spec.record_size} B over {spec.keys:,} keys")
+    keys, values = build_records(spec)
+    key_bytes, value_bytes = sum(map(len, keys)), sum(map(len, values))
+    log(f"producing to {topic} ({spec.partitions} partitions)")
+    seconds = produce(bootstrap, topic, keys, values)
+    del keys, values
+    gc.collect()
+    ends = end_offsets(bootstrap, topic, spec.partitions)
+    if sum(ends.values()) != spec.records:
+        raise RuntimeError(f"end offsets {ends} do not add up to {spec.records} records")
+    log(f"produced {spec.records:,} records in {seconds:.1f}s ({spec.records / seconds:,.0f}/s)")
+    return Produced(topic, spec.records, key_bytes, value_bytes, seconds, ends)
+
+
+def run_system(system: System, ctx: RunContext, produced: Produced, endpoint: LocalEmsServer, group: str,
+               timeout_s: float, stall_s: float, broker_pids: list[int]) -> dict:
+    result: dict = {"label": system.label, "group": group, "pushes_to_endpoint": system.pushes_to_endpoint}
+    load_before = os.getloadavg()[0]
+    watcher = OffsetWatcher(ctx.bootstrap, group, produced.topic, produced.end_offsets)
+    started, started_wall = time.monotonic(), time.time()
+    system.start(ctx, group)
+    sampler = ProcessTreeSampler(system.pid, ours=[os.getpid(), *broker_pids]).__enter__()
+    try:
+        timeline = watcher.wait_until_done(started, timeout_s, system.alive, stall_s)
+        result.update(system.before_stop())
+    except Exception as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        timeline = None
+    finally:
+        sampler.stop()
+        stop_started = time.monotonic()
+        result["exit_code"] = system.stop()
+        result["stop_s"] = round(time.monotonic() - stop_started, 2)
+    if timeline is None:
+        result["log_tail"] = system.log_path.read_text(errors="replace")[-3000:]
+        log(f"{system.name} FAILED: {result['error']}\n{result['log_tail']}")
+        return result
+    out: Output = system.output(ctx, endpoint)
+    total, mb = produced.records, produced.payload_bytes / 1e6
+    wall = timeline.last_commit_s
+    result.update({
+        "records": total,
+        "records_per_s": total / wall,
+        "mb_per_s": mb / wall,
+        "first_commit_s": timeline.first_commit_s,
+        "last_commit_s": wall,
+        "first_commit_records": timeline.first_commit_records,
+        "after_first_commit_records_per_s": None,
+        "after_first_commit_mb_per_s": None,
+        "peak_rss_mb": sampler.peak_rss / 2**20,
+        "peak_processes": sampler.peak_processes,
+        "cpu_s": sampler.tree_cpu_s,
+        "cpu_s_per_m_records": sampler.tree_cpu_s / (total / 1e6),
+        "endpoint_cpu_s": sampler.ours_cpu_s[0],  # the benchmark process: mostly the endpoint's work
+        "broker_cpu_s": sum(sampler.ours_cpu_s[1:]),
+        "other_load_cores": sampler.other_cpu_s / sampler.wall_s if sampler.wall_s else None,
+        "load_average_before": load_before,
+        "files": out.files,
+        "mean_file_mb": out.bytes / out.files / 2**20 if out.files else None,
+        "rows_in_files": out.rows,
+        "endpoint_rows": endpoint.count(system.target) if system.pushes_to_endpoint else None,
+        "timeline": [[round(t, 2), n] for t, n in timeline.points],
+    })
+    remaining = total - timeline.first_commit_records
+    if remaining > 0 and wall > timeline.first_commit_s:
+        span = wall - timeline.first_commit_s
+        result["after_first_commit_records_per_s"] = remaining / span
+        result["after_first_commit_mb_per_s"] = mb * remaining / total / span
+    if hasattr(system, "phases"):
+        result["phases"] = system.phases(started_wall)
+    latency = latency_stats(out.upload_s, out.produced_ms, started_wall)
+    result["latency"] = latency
+    result["latency_p50_s"], result["latency_p99_s"] = latency.get("p50_s"), latency.get("p99_s")
+    log(f"{system.name}: {total / wall:,.0f} records/s, first commit {timeline.first_commit_s:.1f}s, "
+        f"last {wall:.1f}s, peak RSS {result['peak_rss_mb']:,.0f} MB, {out.files} files, "
+        f"other load {result['other_load_cores'] or 0:.2f} cores")
+    return result
+
+
+def run_workload(bootstrap: str, endpoint: LocalEmsServer, spec: WorkloadSpec, args, work: Path,
+                 stamp: str, broker_pids: list[int]) -> dict:
+    topic = f"bench_{spec.records}r_{spec.partitions}p_{spec.record_size}b_{stamp}"
+    produced = produce_workload(bootstrap, spec, topic)
+    workdir = work / topic
+    workdir.mkdir(parents=True)
+    ctx = RunContext(bootstrap, topic, spec.partitions, endpoint.items_url(), AUTHORIZATION, workdir,
+                     args.flush_records, args.flush_interval_ms, args.max_files_per_batch, dict(args.service_env))
+    run = {"workload": spec.as_dict(), "topic": topic, "records": produced.records, "produce_s": produced.seconds,
+           "payload_bytes": produced.payload_bytes, "end_offsets": produced.end_offsets, "systems": {}}
+    for name in args.systems:
+        time.sleep(args.cooldown)
+        log(f"running {name}")
+        try:
+            run["systems"][name] = run_system(SYSTEMS[name](), ctx, produced, endpoint, f"bench-{name}-{topic}",
+                                              args.timeout, args.stall_timeout, broker_pids)
+        except Exception as exc:  # a broken system must not lose the others' numbers
+            traceback.print_exc()
+            run["systems"][name] = {"label": SYSTEMS[name].label, "error": f"{type(exc).__name__}: {exc}"}
+        gc.collect()
+    run["ratios"] = report.ratios(run["systems"])
+    return run
+
+
+def stop_leftovers(processes: list[psutil.Process]) -> None:
+    """running_broker() stops the noida-db launcher; the server it started can outlive it: stop it by PID."""
+    alive = [p for p in processes if p.is_running()]
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, still = psutil.wait_procs(alive, timeout=10)
+    for p in still:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=2_000_000)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--keys", type=int, default=200_000, help="distinct keys (records/keys updates each)")
+    parser.add_argument("--record-size", type=int, default=130, help="bytes per JSON value")
+    parser.add_argument("--flush-records", type=int, default=250_000,
+                        help="records per file: SINK_FLUSH_RECORDS, the hand-written threshold, and Quix "
+                             "checkpoints of flush-records x partitions records")
+    parser.add_argument("--flush-interval-ms", type=int, default=10_000,
+                        help="SINK_FLUSH_INTERVAL_MS, the hand-written interval and Quix's commit interval")
+    parser.add_argument("--max-files-per-batch", type=int, default=None,
+                        help="SINK_MAX_FILES_PER_BATCH (default: the service's own default)")
+    parser.add_argument("--service-env", action="append", default=[], metavar="SINK_X=VALUE",
+                        help="extra environment for the service, e.g. SINK_POLL_INTERVAL_MS=500 (repeatable)")
+    parser.add_argument("--systems", default="service,quix,handwritten", help="comma list, run in this order")
+    parser.add_argument("--sweep", choices=sorted(SWEEPS), help="run the workload at several values of one "
+                                                                 "parameter instead of once")
+    parser.add_argument("--sweep-bytes", type=int, default=500_000_000,
+                        help="record-size sweep: records = min(--records, this / record size)")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds one system may take")
+    parser.add_argument("--stall-timeout", type=float, default=300,
+                        help="give a system up when nothing new was committed for this many seconds")
+    parser.add_argument("--cooldown", type=float, default=3, help="seconds of rest before each system")
+    parser.add_argument("--broker", default=None, help="noida (default), tansu or external (SINK_TEST_BOOTSTRAP)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the report")
+    args = parser.parse_args(argv)
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in args.systems if s not in SYSTEMS]
+    if unknown:
+        parser.error(f"unknown system(s) {unknown}; choose from {sorted(SYSTEMS)}")
+    env = {}
+    for item in args.service_env:
+        name, sep, value = item.partition("=")
+        if not sep or not name.startswith("SINK_"):
+            parser.error(f"--service-env wants SINK_NAME=VALUE, got {item!r}")
+        env[name] = value
+    args.service_env = env
+    return args
+
+
+def plan(args) -> list[tuple[object, WorkloadSpec]]:
+    base = WorkloadSpec(args.records, args.partitions, min(args.keys, args.records), args.record_size)
+    if args.sweep is None:
+        return [(None, base)]
+    if args.sweep == "partitions":
+        return [(p, replace(base, partitions=p)) for p in SWEEPS["partitions"]]
+    if args.sweep == "record-size":
+        points = []
+        for size in SWEEPS["record-size"]:
+            records = min(args.records, args.sweep_bytes // size)
+            points.append((size, replace(base, records=records, record_size=size,
+                                         keys=min(base.keys, max(1, records // 10)))))
+        return points
+    return [(n, replace(base, records=n, keys=min(base.keys, n))) for n in SWEEPS["backlog"]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if "quix" in args.systems:
+        ensure_quix_venv()
+    stamp = time.strftime("%Y%m%d%H%M%S")
+    work = RESULTS / "tmp" / "latest"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    result = {
+        "started_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "settings": {"flush_records": args.flush_records, "flush_interval_ms": args.flush_interval_ms,
+                     "max_files_per_batch": args.max_files_per_batch or "service default",
+                     "service_env": args.service_env or None, "systems": ",".join(args.systems),
+                     "broker": args.broker or os.environ.get("SINK_TEST_BROKER", "noida")},
+        "environment": {"machine": machine_info(), "versions": versions("quix" in args.systems)},
+        "sweep": args.sweep,
+        "runs": [],
+    }
+    log(f"machine: {result['environment']['machine']}; versions: {result['environment']['versions']}")
+    started = time.monotonic()
+    broker: list[psutil.Process] = []
+    try:
+        with running_broker(args.broker) as bootstrap:
+            broker = psutil.Process().children(recursive=True)  # the broker (a launcher and its server)
+            endpoint = LocalEmsServer(work / "ems", AUTHORIZATION).start()
+            try:
+                for value, spec in plan(args):
+                    run = run_workload(bootstrap, endpoint, spec, args, work, stamp, [p.pid for p in broker])
+                    run["sweep_value"] = value
+                    result["runs"].append(run)
+            finally:
+                endpoint.stop()
+    finally:
+        stop_leftovers(broker)
+    result["total_s"] = time.monotonic() - started
+    stem = "results" if args.sweep is None else f"sweep_{args.sweep.replace('-', '_')}"
+    paths = report.write(result, args.out, stem)
+    print(report.markdown(result))
+    log(f"done in {result['total_s']:.0f}s; wrote {', '.join(str(p) for p in paths)}")
+    failed = [n for run in result["runs"] for n, s in run["systems"].items() if s.get("error")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
