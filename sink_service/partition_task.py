@@ -1,6 +1,7 @@
 """Executor side: one Spark task turns one offset range into uploaded Parquet files.
 
-decode -> Parquet -> upload runs here, inside the task, so the driver only plans and commits.
+read -> decode -> Parquet -> upload runs here, in the task's Python worker, so records never
+cross into the JVM and the driver only plans and commits.
 The task never raises for data or upload problems: it reports how far it got
 (`committable`: every offset below it is uploaded or deliberately skipped) and why it stopped,
 and the driver decides what to commit and whether to replay or stop.
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from sink_service.kafka_source.admission import Range
 from sink_service.parquet_files import ClosedFile, PartitionFileWriter
 from sink_service.records import BadRecord, DecodeSpec, decode
 from uploader.errors import FatalUploadError, RetryableUploadError
@@ -112,13 +114,10 @@ class _Outcome:
 
 
 class _RangeProcessor:
-    def __init__(self, spec: TaskSpec, first: pa.RecordBatch):
+    def __init__(self, spec: TaskSpec, rng: Range):
         self.spec = spec
         o = self.outcome = _Outcome(
-            topic=first.column("topic")[0].as_py(),
-            partition=first.column("partition")[0].as_py(),
-            range_start=first.column("range_start")[0].as_py(),
-            range_end=first.column("range_end")[0].as_py(),
+            topic=rng.topic, partition=rng.partition, range_start=rng.start, range_end=rng.end
         )
         o.committable = o.range_start
         self.writer = PartitionFileWriter(
@@ -189,7 +188,7 @@ class _RangeProcessor:
     def process(self, raw: pa.RecordBatch) -> None:
         o = self.outcome
         chunk = decode(raw, self.spec.decode)
-        o.records_read += raw.num_rows - raw.column("offset").null_count
+        o.records_read += raw.num_rows
         if chunk.bad_records and self.spec.error_policy == "fail":
             first_bad = chunk.bad_records[0]
             for segment in chunk.segments:
@@ -213,32 +212,20 @@ class _RangeProcessor:
         self.outcome.committable = self.outcome.range_end
 
 
-def process_range(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: all batches of one task belong to one offset range."""
-    processor: _RangeProcessor | None = None
+def process_range(spec: TaskSpec, rng: Range, batches: Iterator[pa.RecordBatch]) -> pa.RecordBatch:
+    """Decode, write and upload one offset range; return its outcome as a one-row batch."""
+    processor = _RangeProcessor(spec, rng)
     started = time.monotonic()
     try:
         for raw in batches:
-            if processor is None:
-                processor = _RangeProcessor(spec, raw)
             processor.process(raw)
-        if processor is None:
-            return
         processor.finish()
     except _StopRange:
         processor.writer.abandon()
     except Exception as exc:  # report, never hide: the driver logs it and replays the range
-        if processor is None:
-            raise
-        log.exception("range %s:%d failed", processor.outcome.topic, processor.outcome.partition)
+        log.exception("range %s failed", rng)
         processor.writer.abandon()
         processor.outcome.status = STATUS_RETRYABLE
         processor.outcome.error = f"{type(exc).__name__}: {exc}"
-    # Spark feeds the rest of the range regardless; a task that stops reading its input
-    # deadlocks the Python worker, so drain what is left unprocessed.
-    for _ in batches:
-        pass
-    outcome = processor.outcome
-    log.debug("range %s:%d [%d,%d) done in %.2fs", outcome.topic, outcome.partition,
-              outcome.range_start, outcome.range_end, time.monotonic() - started)
-    yield outcome.to_batch()
+    log.debug("range %s done in %.2fs", rng, time.monotonic() - started)
+    return processor.outcome.to_batch()

@@ -15,8 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-# Columns of one raw Kafka record batch, as yielded by the Kafka source. A row whose `offset` is
-# null is a range marker: it carries only the range bounds of an offset range with no records.
+# Columns of one raw Kafka record batch, as read from one topic-partition offset range.
 RAW_SCHEMA = pa.schema([
     ("topic", pa.string()),
     ("partition", pa.int32()),
@@ -24,13 +23,7 @@ RAW_SCHEMA = pa.schema([
     ("timestamp_ms", pa.int64()),
     ("key", pa.binary()),
     ("value", pa.binary()),
-    ("range_start", pa.int64()),
-    ("range_end", pa.int64()),
 ])
-RAW_SCHEMA_DDL = (
-    "topic STRING, partition INT, offset BIGINT, timestamp_ms BIGINT, key BINARY, value BINARY, "
-    "range_start BIGINT, range_end BIGINT"
-)
 
 METADATA_COLUMNS = ("_key", "_topic", "_partition", "_offset", "_timestamp")
 BAD_RECORD_KINDS = (
@@ -217,9 +210,8 @@ def _validate_keys(table: pa.Table, spec: DecodeSpec) -> tuple[pa.Table, list[Ba
 
 
 def decode(raw: pa.RecordBatch, spec: DecodeSpec) -> DecodedChunk:
-    """Decode one raw batch of a single topic-partition (range-marker rows are ignored)."""
+    """Decode one raw batch of a single topic-partition."""
     chunk = DecodedChunk()
-    raw = raw.filter(pc.is_valid(raw.column("offset")))
     if raw.num_rows == 0:
         return chunk
     topic = raw.column("topic")[0].as_py()

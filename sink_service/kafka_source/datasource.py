@@ -6,9 +6,11 @@ Planning (`latestOffset`, `partitions`) runs in one Python process beside the dr
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
+import pickle
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -21,7 +23,7 @@ from pyspark.sql.streaming.datasource import ReadLimit
 from sink_service.kafka_source.admission import Admission, Range, Thresholds, split
 from sink_service.kafka_source.offsets import KafkaOffsets, TopicSelection, flatten, nest
 from sink_service.kafka_source.range_reader import consumer_config, read_range
-from sink_service.records import RAW_SCHEMA_DDL
+from sink_service.partition_task import RESULT_SCHEMA_DDL, TaskSpec, process_range
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +48,17 @@ class SourceOptions:
     max_files_per_batch: int
     topic_refresh_interval_ms: int
     state_dir: str  # planner <-> driver hints (size estimates, pending state); never needed for correctness
+    task: str  # the pickled TaskSpec (decode, Parquet and upload settings), base64
 
     def to_option(self) -> str:
         return json.dumps(asdict(self))
+
+    @staticmethod
+    def pack_task(spec: TaskSpec) -> str:
+        return base64.b64encode(pickle.dumps(spec)).decode()
+
+    def task_spec(self) -> TaskSpec:
+        return pickle.loads(base64.b64decode(self.task))
 
     @classmethod
     def from_option(cls, text: str) -> SourceOptions:
@@ -69,7 +79,7 @@ class KafkaRangeDataSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> str:
-        return RAW_SCHEMA_DDL
+        return RESULT_SCHEMA_DDL
 
     def streamReader(self, schema) -> KafkaRangeStreamReader:
         return KafkaRangeStreamReader(SourceOptions.from_option(self.options["secret_config"]))
@@ -164,7 +174,9 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
         # only when the *next* batch starts, which would hold back an idle partition's commit.
         pass
 
-    # --- reading (executor side) ---------------------------------------------------------------
+    # --- reading, decoding, writing, uploading (executor side) ------------------------------------
     def read(self, partition: KafkaRangePartition) -> Iterator[pa.RecordBatch]:
+        """One outcome row per range: the records themselves stay in this Python worker."""
         o = self.options
-        yield from read_range(partition.range, consumer_config(o.client_config, o.group_id))
+        records = read_range(partition.range, consumer_config(o.client_config, o.group_id))
+        yield process_range(o.task_spec(), partition.range, records)

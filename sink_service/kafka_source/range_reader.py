@@ -56,23 +56,13 @@ def _batch(rng: Range, messages: list) -> pa.RecordBatch:
             pa.array([m.timestamp()[1] for m in messages], pa.int64()),
             pa.array([m.key() for m in messages], pa.binary()),
             pa.array([m.value() for m in messages], pa.binary()),
-            pa.array([rng.start] * n, pa.int64()),
-            pa.array([rng.end] * n, pa.int64()),
         ],
         schema=RAW_SCHEMA,
     )
 
 
-def range_marker(rng: Range) -> pa.RecordBatch:
-    """One row with a null offset: tells the writer a range existed even if it held no records."""
-    return pa.RecordBatch.from_pylist(
-        [{"topic": rng.topic, "partition": rng.partition, "range_start": rng.start, "range_end": rng.end}],
-        schema=RAW_SCHEMA,
-    )
-
-
 def read_range(rng: Range, config: Mapping[str, object]) -> Iterator[pa.RecordBatch]:
-    """Yield the records with offsets in [start, end), then a range marker."""
+    """Yield the records with offsets in [start, end) as Arrow batches of `RAW_SCHEMA`."""
     consumer = _consumer(config)
     consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
     # Tens of thousands of message objects per batch would trigger the cyclic garbage collector
@@ -114,7 +104,6 @@ def read_range(rng: Range, config: Mapping[str, object]) -> Iterator[pa.RecordBa
             yield _batch(rng, pending)
         if position < rng.end:
             raise RuntimeError(f"range {rng} ended early at {position}")
-        yield range_marker(rng)
     finally:
         consumer.unassign()
         if gc_was_enabled:

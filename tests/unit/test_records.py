@@ -16,20 +16,14 @@ INFER = DecodeSpec(None, (), "_offset")
 INFER_PK = DecodeSpec(None, ("id",), "_offset")
 
 
-def raw_batch(values, *, start=100, keys=None, topic=TOPIC, partition=PARTITION, markers=0) -> pa.RecordBatch:
+def raw_batch(values, *, start=100, keys=None, topic=TOPIC, partition=PARTITION) -> pa.RecordBatch:
     rows = [
         {
             "topic": topic, "partition": partition, "offset": start + i,
             "timestamp_ms": 1_700_000_000_000 + i,
             "key": None if keys is None else keys[i], "value": value,
-            "range_start": start, "range_end": start + len(values) + markers,
         }
         for i, value in enumerate(values)
-    ]
-    rows += [
-        {"topic": topic, "partition": partition, "offset": None, "timestamp_ms": None, "key": None,
-         "value": None, "range_start": start, "range_end": start + len(values) + markers}
-        for _ in range(markers)
     ]
     return pa.RecordBatch.from_pylist(rows, schema=RAW_SCHEMA)
 
@@ -236,14 +230,8 @@ def test_newlines_between_tokens_still_parse(value):
     assert got == [(100, 0, "w"), (101, 1, "x"), (102, 2, "y")]
 
 
-def test_range_marker_rows_are_ignored():
-    chunk = decode(raw_batch([b'{"id": 1}', b'{"id": 2}'], markers=2), INFER_PK)
-    assert chunk.bad_records == []
-    assert offsets(chunk) == [100, 101]
-
-
-def test_batch_of_only_range_markers_decodes_to_nothing():
-    chunk = decode(raw_batch([], markers=1), INFER_PK)
+def test_empty_batch_decodes_to_nothing():
+    chunk = decode(raw_batch([]), INFER_PK)
     assert chunk.segments == [] and chunk.bad_records == []
 
 
