@@ -101,7 +101,7 @@ class SinkConfig:
         1000, minimum=50, group="Flush")
     max_files_per_batch: int = setting(
         "SINK_MAX_FILES_PER_BATCH", "Most offset ranges (files) admitted into one micro-batch; "
-        "bounds batch duration and how much is replayed after a crash.", 32, minimum=1,
+        "bounds batch duration, time to the first commit and how much is replayed after a crash.", 8, minimum=1,
         group="Flush")
 
     # --- Records ------------------------------------------------------------------------------

@@ -59,7 +59,9 @@ def start_spark(config: SinkConfig) -> SparkSession:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if config.spark_master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    java_options = f"-Dlog4j2.configurationFile=file:{LOG4J2_PROPERTIES}"
+    # Records never enter the JVM, so it mostly schedules tasks: the C1 compiler and the serial
+    # collector start faster and use less memory (about 1.5 s less start-up measured here).
+    java_options = f"-Dlog4j2.configurationFile=file:{LOG4J2_PROPERTIES} -XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
     builder = (
         SparkSession.builder.master(config.spark_master)
         .appName("kafka-parquet-sink")
