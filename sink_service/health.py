@@ -1,8 +1,9 @@
 """Liveness and readiness over HTTP.
 
-`/healthz` answers 200 while the service loop is alive. `/readyz` answers 200 only while the
+`/healthz` answers 200 while the process serves HTTP. `/readyz` answers 200 only while the
 streaming query runs, the broker answered recently and the last micro-batch did not fail;
 otherwise 503 with the reason, so an orchestrator stops routing to (or alerts on) the pod.
+`/metrics` is the Prometheus exposition.
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+MetricsRenderer = Callable[[], tuple[bytes, str]]  # -> (body, content type)
 
 
 @dataclass
@@ -44,7 +48,7 @@ class Health:
             }
 
 
-def _handler(health: Health, metrics: callable | None) -> type[BaseHTTPRequestHandler]:
+def _handler(health: Health, metrics: MetricsRenderer | None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
             self.send_response(status)
@@ -72,7 +76,7 @@ def _handler(health: Health, metrics: callable | None) -> type[BaseHTTPRequestHa
 
 
 class HealthServer:
-    def __init__(self, health: Health, port: int, metrics: callable | None = None):
+    def __init__(self, health: Health, port: int, metrics: MetricsRenderer | None = None):
         self._server = ThreadingHTTPServer(("0.0.0.0", port), _handler(health, metrics))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="health-http", daemon=True)
