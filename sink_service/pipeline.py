@@ -68,6 +68,7 @@ def start_spark(config: SinkConfig) -> SparkSession:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.adaptive.enabled", "false")  # not used by streaming; avoids a warning per query
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.streaming.stopActiveRunOnRestart", "true")
         .config("spark.driver.extraJavaOptions", java_options)
