@@ -17,32 +17,20 @@ import pytest
 
 from sink_service.config import ConfigError, load_config
 from sink_service.targets import build_target, target_settings
+from tests.uploader_fixtures import metadata_builder
 from uploader import directory
 from uploader.directory import DirectorySettings, DirectoryTarget, is_temp_name
 from uploader.errors import FatalUploadError, RetriesExhaustedError, RetryableUploadError
 from uploader.reader import latest_rows, parquet_files
 from uploader.retry import RetryPolicy
-from uploader.target import FileMetadata, UploadTarget
+from uploader.target import UploadTarget
 
 FAST = RetryPolicy(max_elapsed_s=0.3, initial_backoff_s=0.01, max_backoff_s=0.02)
 REL = "orders/3/00000000000000000010-00000000000000000012.parquet"
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def metadata(**overrides) -> FileMetadata:
-    values = dict(
-        topic="orders",
-        partition=3,
-        first_offset=10,
-        last_offset=12,
-        record_count=3,
-        target_table="orders",
-        primary_keys=("id",),
-        order_column="_offset",
-        schema_fingerprint="abc123",
-    )
-    values.update(overrides)
-    return FileMetadata(**values)
+metadata = metadata_builder()
 
 
 @pytest.fixture

@@ -21,10 +21,11 @@ import pytest
 import requests
 from werkzeug.formparser import parse_form_data
 
+from tests.uploader_fixtures import metadata_builder
 from uploader.ems import EmsSettings, EmsTarget
 from uploader.errors import FatalUploadError, RetriesExhaustedError, RetryableUploadError, UploadError
 from uploader.retry import RetryPolicy
-from uploader.target import FileMetadata, UploadTarget
+from uploader.target import UploadTarget
 
 SECRET_KEY = "s3cr3t-app-key-0123456789"
 AUTH = f"AppKey {SECRET_KEY}"
@@ -152,20 +153,7 @@ def parquet_file(tmp_path) -> Path:
     return path
 
 
-def metadata(**overrides) -> FileMetadata:
-    values = dict(
-        topic="orders",
-        partition=3,
-        first_offset=10,
-        last_offset=12,
-        record_count=3,
-        target_table="ORDERS",
-        primary_keys=("id", "tenant"),
-        order_column="offset",
-        schema_fingerprint="abc123",
-    )
-    values.update(overrides)
-    return FileMetadata(**values)
+metadata = metadata_builder(target_table="ORDERS", primary_keys=("id", "tenant"), order_column="offset")
 
 
 def target(stub: EmsStub, **overrides) -> EmsTarget:

@@ -21,6 +21,7 @@ from moto.server import ThreadedMotoServer
 
 from sink_service.config import ConfigError, load_config
 from sink_service.targets import build_target, target_settings
+from tests.uploader_fixtures import metadata_builder
 from uploader.errors import FatalUploadError, RetriesExhaustedError, RetryableUploadError
 from uploader.retry import RetryPolicy
 from uploader.s3 import (
@@ -32,7 +33,7 @@ from uploader.s3 import (
     S3Target,
     object_metadata,
 )
-from uploader.target import FileMetadata, UploadTarget
+from uploader.target import UploadTarget
 
 FAST = RetryPolicy(max_elapsed_s=3.0, initial_backoff_s=0.01, max_backoff_s=0.05)
 REGION = "us-east-1"
@@ -78,20 +79,7 @@ def settings(url: str, bucket: str, **overrides) -> S3Settings:
     return S3Settings(**values)
 
 
-def metadata(**overrides) -> FileMetadata:
-    values = dict(
-        topic="orders",
-        partition=3,
-        first_offset=10,
-        last_offset=12,
-        record_count=3,
-        target_table="orders",
-        primary_keys=("id", "tenant"),
-        order_column="_offset",
-        schema_fingerprint="abc123",
-    )
-    values.update(overrides)
-    return FileMetadata(**values)
+metadata = metadata_builder(primary_keys=("id", "tenant"))
 
 
 @pytest.fixture

@@ -244,7 +244,23 @@ def service_metrics(text: str) -> dict:
     return found
 
 
-class QuixFileSink(System):
+class _ChildProcessSystem(System):
+    """A peer that runs as one plain child process (`self.process`, set by `start`)."""
+
+    process: ChildProcess
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.alive()
+
+    def stop(self) -> int | None:
+        return self.process.terminate(60)
+
+
+class QuixFileSink(_ChildProcessSystem):
     """(b) Quix Streams FileSink (Parquet, local files), in its own virtualenv."""
 
     name, label = "quix", "Quix FileSink (Parquet)"
@@ -261,22 +277,12 @@ class QuixFileSink(System):
         self.log_path = ctx.work / "quix.log"
         self.process = ChildProcess(command, self.log_path, env)
 
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process.alive()
-
-    def stop(self) -> int | None:
-        return self.process.terminate(60)
-
     def output(self, ctx: RunContext, endpoint) -> Output:
         files = sorted((self.out / "files").rglob("*.parquet"))
         return collect([(f.stat().st_mtime, f.stat().st_size, str(f)) for f in files])
 
 
-class Handwritten(System):
+class Handwritten(_ChildProcessSystem):
     """(c) confluent-kafka -> pyarrow.json -> Parquet -> POST -> commit, one Python process."""
 
     name, label = "handwritten", "hand-written (confluent-kafka + pyarrow)"
@@ -289,16 +295,6 @@ class Handwritten(System):
         env = dict(os.environ, EMS_AUTHORIZATION=ctx.authorization, PYTHONUNBUFFERED="1")
         self.log_path = ctx.work / "handwritten.log"
         self.process = ChildProcess(command, self.log_path, env)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process.alive()
-
-    def stop(self) -> int | None:
-        return self.process.terminate(60)
 
     def output(self, ctx: RunContext, endpoint) -> Output:
         return _endpoint_output(endpoint, self.target)
