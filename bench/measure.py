@@ -31,6 +31,7 @@ class ProcessTreeSampler:
         self.peak_processes = 0
         self.samples: list[tuple[float, int]] = []  # (monotonic, rss bytes)
         self._cpu: dict[int, float] = {}  # pid -> last seen user+system seconds of a tree member
+        self._kind: dict[int, str] = {}  # pid -> what the process is (see _process_kind)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
 
@@ -58,6 +59,15 @@ class ProcessTreeSampler:
     def tree_cpu_s(self) -> float:
         return sum(self._cpu.values())
 
+    @property
+    def cpu_s_by_kind(self) -> dict[str, float]:
+        """CPU seconds of the tree by kind of process: where a multi-process system spends it."""
+        totals: dict[str, float] = {}
+        for pid, seconds in self._cpu.items():
+            kind = self._kind.get(pid, "other")
+            totals[kind] = round(totals.get(kind, 0.0) + seconds, 2)
+        return totals
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self.sample()
@@ -73,10 +83,24 @@ class ProcessTreeSampler:
             with contextlib.suppress(psutil.Error), p.oneshot():
                 rss += p.memory_info().rss
                 self._cpu[p.pid] = _cpu_seconds(p)
+                if p.pid not in self._kind:
+                    self._kind[p.pid] = "main" if p.pid == self.root.pid else _process_kind(p)
         self.samples.append((time.monotonic(), rss))
         if rss > self.peak_rss:
             self.peak_rss = rss
         self.peak_processes = max(self.peak_processes, len(processes))
+
+
+def _process_kind(p: psutil.Process) -> str:
+    try:
+        command = " ".join(p.cmdline())
+    except psutil.Error:
+        return "other"
+    if p.name() == "java" or "/java " in command:
+        return "jvm"
+    if "pyspark" in command:
+        return "python workers"
+    return "other"
 
 
 def _cpu_seconds(p: psutil.Process) -> float:

@@ -86,7 +86,10 @@ def run_markdown(run: dict, heading: str = "###") -> str:
                       f"at {phases['first_batch_started_s']} and took {phases['first_batch_s']}; "
                       f"{phases['batches']} micro-batch(es) logged, {phases['batch_s_total']}s in total."
                   + (f" Uploads: {service['uploads']:.0f} taking {service['upload_seconds_total']:.1f}s summed."
-                     if service.get("uploads") else "")]
+                     if service.get("uploads") else "")
+                  + (" CPU seconds by process: " + ", ".join(
+                      f"{kind} {seconds:.1f}" for kind, seconds in sorted(service["cpu_s_by_process_kind"].items()))
+                     + "." if service.get("cpu_s_by_process_kind") else "")]
     errors = [f"- **{systems[n]['label']}** failed: {systems[n]['error']}" for n in names if systems[n].get("error")]
     if errors:
         lines += ["", *errors]

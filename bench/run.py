@@ -146,6 +146,7 @@ def run_system(system: System, ctx: RunContext, produced: Produced, endpoint: Lo
         "peak_processes": sampler.peak_processes,
         "cpu_s": sampler.tree_cpu_s,
         "cpu_s_per_m_records": sampler.tree_cpu_s / (total / 1e6),
+        "cpu_s_by_process_kind": sampler.cpu_s_by_kind,
         "endpoint_cpu_s": sampler.ours_cpu_s[0],  # the benchmark process: mostly the endpoint's work
         "broker_cpu_s": sum(sampler.ours_cpu_s[1:]),
         "other_load_cores": sampler.other_cpu_s / sampler.wall_s if sampler.wall_s else None,

@@ -20,6 +20,9 @@ class Thresholds:
     bytes: int
     interval_s: float
     max_ranges_per_batch: int
+    # The first batch after a start holds one wave of tasks (one range per core), so the first
+    # commit, and readiness, come after seconds rather than after a whole backlog.
+    first_batch_ranges: int | None = None
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class Admission:
     # Per partition, (offset, time) checkpoints: every record below `offset` had been seen by
     # `time`. The first checkpoint above the current position dates the oldest pending record.
     arrivals: dict[TopicPartition, deque[tuple[int, float]]] = field(default_factory=dict)
+    admitted_before: bool = False
 
     @property
     def pending_since(self) -> dict[TopicPartition, float]:
@@ -85,6 +89,8 @@ class Admission:
         # Oldest pending data first; every due partition gets one file's worth before any gets two.
         due.sort()
         budget = limits.max_ranges_per_batch
+        if not self.admitted_before and limits.first_batch_ranges:
+            budget = min(budget, limits.first_batch_ranges)
         grants = {tp: 0 for _, tp, _ in due}
         while budget > 0:
             progressed = False
@@ -99,6 +105,7 @@ class Admission:
                 break
         for tp, granted in grants.items():
             if granted > 0:
+                self.admitted_before = True
                 end[tp] = start[tp] + granted
                 if end[tp] >= available[tp]:
                     self.arrivals.pop(tp, None)

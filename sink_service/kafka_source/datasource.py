@@ -46,6 +46,7 @@ class SourceOptions:
     flush_bytes: int
     flush_interval_ms: int
     max_files_per_batch: int
+    first_batch_files: int  # the executor cores: one wave of tasks
     topic_refresh_interval_ms: int
     state_dir: str  # planner <-> driver hints (size estimates, pending state); never needed for correctness
     task: str  # the pickled TaskSpec (decode, Parquet and upload settings), base64
@@ -107,7 +108,8 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
             self._offsets = KafkaOffsets(self.options.client_config, self.options.group_id)
             o = self.options
             self._admission = Admission(
-                Thresholds(o.flush_records, o.flush_bytes, o.flush_interval_ms / 1000, o.max_files_per_batch)
+                Thresholds(o.flush_records, o.flush_bytes, o.flush_interval_ms / 1000, o.max_files_per_batch,
+                           o.first_batch_files)
             )
         return self._offsets
 

@@ -9,8 +9,8 @@ from sink_service.kafka_source.admission import Admission, Range, Thresholds, sp
 A, B, C, D = ("t", 0), ("t", 1), ("t", 2), ("u", 0)
 
 
-def admission(records=100, bytes_=1 << 30, interval_s=60.0, max_ranges=1000) -> Admission:
-    return Admission(Thresholds(records, bytes_, interval_s, max_ranges))
+def admission(records=100, bytes_=1 << 30, interval_s=60.0, max_ranges=1000, first_ranges=None) -> Admission:
+    return Admission(Thresholds(records, bytes_, interval_s, max_ranges, first_ranges))
 
 
 def test_below_every_threshold_nothing_is_admitted():
@@ -129,6 +129,18 @@ def test_budget_limited_partition_keeps_its_wait_and_is_drained_later():
     # After the interval the rest is due, one range per batch.
     assert adm.plan({A: 20}, {A: 25}, now=5.0) == {A: 25}
     assert A not in adm.pending_since
+
+
+def test_first_admitting_batch_holds_one_wave_then_the_full_budget_applies():
+    adm = admission(records=100, max_ranges=8, first_ranges=2)
+    start = {A: 0, B: 0, C: 0}
+    available = {A: 400, B: 400, C: 400}
+    # Nothing pending yet does not use up the first-batch cap.
+    assert adm.plan({D: 0}, {D: 0}, now=0.0) == {D: 0}
+    first = adm.plan(start, available, now=0.0)
+    assert sum((first[tp] - start[tp]) // 100 for tp in start) == 2
+    second = adm.plan(first, available, now=1.0)
+    assert sum((second[tp] - first[tp]) // 100 for tp in start) == 8
 
 
 def test_time_due_partition_gets_one_range_per_budget_unit():
