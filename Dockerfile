@@ -69,9 +69,10 @@ ENV PATH=/opt/venv/bin:$PATH \
     SINK_SCRATCH_DIR=/tmp/sink \
     SINK_HTTP_PORT=8080
 
-# The JVM class-data archive (SINK_SPARK_CLASS_ARCHIVE=auto): Spark starts about 2.5 s faster. It is
-# built by a short local Spark run against this image's JVM and jars (about 40 s, 170 MB).
-RUN python -m sink_service.jvm_class_archive
+# A Spark home whose Python workers import the installed (compiled) PySpark rather than its zip, and a
+# JVM class-data archive (SINK_SPARK_CLASS_ARCHIVE=auto): together the first commit comes about 8 s
+# sooner. Built by a short local Spark run against this image's JVM and jars (about 40 s, 170 MB).
+RUN python -m sink_service.spark_home
 
 # Spark may create spark-warehouse/ in the working directory: keep it on writable scratch.
 WORKDIR /tmp

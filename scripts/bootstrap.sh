@@ -15,5 +15,5 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
-# Spark starts faster with a JVM class-data archive; built once per installation (~40 s).
-.venv/bin/python -m sink_service.jvm_class_archive
+# A Spark home and JVM class-data archive that make Spark start faster; once per installation (~40 s).
+.venv/bin/python -m sink_service.spark_home

@@ -204,9 +204,9 @@ class SinkConfig:
         "SINK_SPARK_LOG_LEVEL", "Log level of Spark's own (JVM) logging.", "WARN",
         choices=("ERROR", "WARN", "INFO", "DEBUG"), group="Runtime")
     spark_class_archive: str = setting(
-        "SINK_SPARK_CLASS_ARCHIVE", "JVM class-data archive that makes Spark start about 2.5 s faster: "
-        "`auto` (the one `python -m sink_service.jvm_class_archive` builds inside the installation; "
-        "`scripts/bootstrap.sh` and the Docker image build it), a file path, or `off`. "
+        "SINK_SPARK_CLASS_ARCHIVE", "JVM class-data archive that makes Spark start about 3 s faster: "
+        "`auto` (the one `python -m sink_service.spark_home` builds inside the installation; "
+        "`scripts/bootstrap.sh` and the Docker image run it), a file path, or `off`. "
         "A missing or outdated archive only makes start-up slower.", "auto", group="Runtime")
     shutdown_timeout_ms: int = setting(
         "SINK_SHUTDOWN_TIMEOUT_MS", "On SIGTERM, how long in-flight uploads may take to finish "
