@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -38,6 +39,7 @@ class ProcessTreeSampler:
     def __enter__(self) -> ProcessTreeSampler:
         self._t0 = time.monotonic()
         self._machine0 = _busy_cpu_seconds()
+        self._steal0 = _steal_cpu_seconds()
         self._ours0 = [_cpu_seconds(p) for p in self.ours]
         self._thread.start()
         return self
@@ -52,6 +54,7 @@ class ProcessTreeSampler:
         self._thread.join(5)
         self.wall_s = time.monotonic() - self._t0
         machine = _busy_cpu_seconds() - self._machine0
+        self.steal_cpu_s = _steal_cpu_seconds() - self._steal0
         self.ours_cpu_s = [_cpu_seconds(p) - before for p, before in zip(self.ours, self._ours0, strict=True)]
         self.other_cpu_s = max(0.0, machine - sum(self.ours_cpu_s) - self.tree_cpu_s)
 
@@ -93,12 +96,13 @@ class ProcessTreeSampler:
 
 def _process_kind(p: psutil.Process) -> str:
     try:
-        command = " ".join(p.cmdline())
+        command = p.cmdline()
     except psutil.Error:
         return "other"
-    if p.name() == "java" or "/java " in command:
+    program = Path(command[0]).name if command else ""
+    if program == "java":
         return "jvm"
-    if "pyspark" in command:
+    if program.startswith("python") and any("pyspark" in part for part in command[1:]):
         return "python workers"
     return "other"
 
@@ -113,7 +117,16 @@ def _cpu_seconds(p: psutil.Process) -> float:
 
 def _busy_cpu_seconds() -> float:
     t = psutil.cpu_times()
-    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0) - _steal(t)
+
+
+def _steal_cpu_seconds() -> float:
+    """CPU time the hypervisor gave to other virtual machines: this machine's noise floor."""
+    return _steal(psutil.cpu_times())
+
+
+def _steal(t) -> float:
+    return getattr(t, "steal", 0.0)
 
 
 @dataclass

@@ -25,6 +25,7 @@ ROWS = [  # (key in a system's result, label, format)
     ("rows_in_files", "rows in files", "{:,d}"),
     ("endpoint_rows", "rows in the endpoint table (distinct keys)", "{:,d}"),
     ("other_load_cores", "other load on the machine (cores busy) [2]", "{:.2f}"),
+    ("steal_cores", "CPU taken by other virtual machines (steal, cores) [2]", "{:.2f}"),
 ]
 RATIOS = [  # (key, label, higher is better)
     ("records_per_s", "throughput, start to last commit", True),
@@ -81,8 +82,8 @@ def run_markdown(run: dict, heading: str = "###") -> str:
     if phases and "first_batch_started_s" in phases:
         service = systems["service"]
         lines += ["", f"Service timeline (seconds since process start): Python logging at "
-                      f"{phases.get('python_started_s', '?')}, streaming query started at "
-                      f"{phases.get('query_started_s', '?')} (Spark session and JVM up), first micro-batch started "
+                      f"{phases.get('python_started_s', '?')}, Spark session up at {phases.get('spark_up_s', '?')}, "
+                      f"streaming query started at {phases.get('query_started_s', '?')}, first micro-batch started "
                       f"at {phases['first_batch_started_s']} and took {phases['first_batch_s']}; "
                       f"{phases['batches']} micro-batch(es) logged, {phases['batch_s_total']}s in total."
                   + (f" Uploads: {service['uploads']:.0f} taking {service['upload_seconds_total']:.1f}s summed."
@@ -109,7 +110,9 @@ earlier), so latency is measured from max(produce timestamp, system start) to th
 the service and the hand-written pipeline the endpoint's `received_at` of the file holding the record,
 for Quix the file's mtime on local disk. The raw produce->upload figures are in results.json.
 [2] CPU time of processes other than the system, the benchmark (which hosts the endpoint) and the broker,
-divided by the system's wall time: a CI run sharing the machine shows up here.
+divided by the system's wall time: a CI run sharing the machine shows up here. Steal is CPU time the
+hypervisor gave to other virtual machines while this one wanted it (the `st` of `top`); on a 2-core VM
+0.5 cores of steal slows every system by about a quarter, and not evenly over a run.
 [3] CPU used during the system's run by the broker (serving fetches and commits) and by the benchmark
 process, which hosts the endpoint (multipart parsing, Parquet decoding, SQLite upsert) and polls offsets: part
 of the cost of a run, not counted in the system's own CPU seconds.

@@ -150,6 +150,7 @@ def run_system(system: System, ctx: RunContext, produced: Produced, endpoint: Lo
         "endpoint_cpu_s": sampler.ours_cpu_s[0],  # the benchmark process: mostly the endpoint's work
         "broker_cpu_s": sum(sampler.ours_cpu_s[1:]),
         "other_load_cores": sampler.other_cpu_s / sampler.wall_s if sampler.wall_s else None,
+        "steal_cores": sampler.steal_cpu_s / sampler.wall_s if sampler.wall_s else None,
         "load_average_before": load_before,
         "files": out.files,
         "mean_file_mb": out.bytes / out.files / 2**20 if out.files else None,
@@ -169,7 +170,7 @@ def run_system(system: System, ctx: RunContext, produced: Produced, endpoint: Lo
     result["latency_p50_s"], result["latency_p99_s"] = latency.get("p50_s"), latency.get("p99_s")
     log(f"{system.name}: {total / wall:,.0f} records/s, first commit {timeline.first_commit_s:.1f}s, "
         f"last {wall:.1f}s, peak RSS {result['peak_rss_mb']:,.0f} MB, {out.files} files, "
-        f"other load {result['other_load_cores'] or 0:.2f} cores")
+        f"other load {result['other_load_cores'] or 0:.2f} cores, steal {result['steal_cores'] or 0:.2f} cores")
     return result
 
 

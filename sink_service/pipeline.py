@@ -175,13 +175,15 @@ class Pipeline:
             .option("secret_config", options.to_option())
             .load()
         )
-        return (
+        query = (
             stream.writeStream.foreachBatch(self._on_batch)
             .trigger(processingTime=f"{c.poll_interval_ms} milliseconds")
             .option("checkpointLocation", str(checkpoint))
             .queryName("kafka-parquet-sink")
             .start()
         )
+        log.info("streaming query %s started", query.id)
+        return query
 
     def _on_batch(self, batch: DataFrame, batch_id: int) -> None:
         if self.stopping.is_set():

@@ -213,6 +213,8 @@ def service_phases(text: str, started_wall: float) -> dict:
         if message.startswith("starting kafka-parquet-sink"):
             phases.setdefault("python_started_s", round(at, 2))
         elif message.startswith("starting query at"):
+            phases.setdefault("spark_up_s", round(at, 2))
+        elif message.startswith("streaming query") and message.endswith("started"):
             phases.setdefault("query_started_s", round(at, 2))
         elif batch := _BATCH.search(message):
             duration = float(batch.group(4))
