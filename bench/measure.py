@@ -86,7 +86,8 @@ class ProcessTreeSampler:
             with contextlib.suppress(psutil.Error), p.oneshot():
                 rss += p.memory_info().rss
                 self._cpu[p.pid] = _cpu_seconds(p)
-                if p.pid not in self._kind:
+                # Until known: spark-submit's shell script becomes the JVM by exec, under the same pid.
+                if self._kind.get(p.pid, "other") == "other":
                     self._kind[p.pid] = "main" if p.pid == self.root.pid else _process_kind(p)
         self.samples.append((time.monotonic(), rss))
         if rss > self.peak_rss:
