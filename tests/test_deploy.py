@@ -524,6 +524,10 @@ def test_dockerfile_runtime_stage():
     assert "rm -rf /var/lib/apt/lists" in runs
     for tool in ("build-essential", "gcc", "g++", "git ", "curl"):
         assert tool not in runs, f"{tool} in the runtime stage"
+    # Spark's start-up is prepared against the runtime JVM, as root, before the user switch.
+    prepare = [i for i, (k, args) in enumerate(final) if k == "RUN" and "python -m sink_service.spark_home" in args]
+    assert prepare and prepare[0] < keywords.index("USER")
+    assert prepare[0] > max(i for i, (k, args) in enumerate(final) if k == "ENV" and "JAVA_HOME=" in args)
     copies = [args for k, args in final if k == "COPY"]
     assert copies and all("--from=" in args for args in copies), "the runtime stage copies only from the builder"
 
