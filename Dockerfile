@@ -70,7 +70,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     SINK_HTTP_PORT=8080
 
 # A Spark home whose Python workers import the installed (compiled) PySpark rather than its zip, and a
-# JVM class-data archive (SINK_SPARK_CLASS_ARCHIVE=auto): together the first commit comes about 8 s
+# JVM class-data archive (SINK_SPARK_CLASS_ARCHIVE=auto): together the first batch starts 6-14 s
 # sooner. Built by a short local Spark run against this image's JVM and jars (about 40 s, 170 MB).
 RUN python -m sink_service.spark_home
 
