@@ -68,8 +68,8 @@ class ProcessTreeSampler:
         totals: dict[str, float] = {}
         for pid, seconds in self._cpu.items():
             kind = self._kind.get(pid, "other")
-            totals[kind] = round(totals.get(kind, 0.0) + seconds, 2)
-        return totals
+            totals[kind] = totals.get(kind, 0.0) + seconds
+        return {kind: round(seconds, 2) for kind, seconds in totals.items()}
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -67,23 +67,24 @@ def _mtime(path: str | Path) -> int:
         return 0
 
 
-def archive_path(setting: str) -> Path | None:
+def archive_path(setting: str, directory: Path | None = None) -> Path | None:
     """The archive named by `SINK_SPARK_CLASS_ARCHIVE`: `auto`, a path, or `off`."""
     if setting in ("", OFF):
         return None
-    return prepared_dir() / ARCHIVE_NAME if setting == AUTO else Path(setting)
+    return (directory or prepared_dir()) / ARCHIVE_NAME if setting == AUTO else Path(setting)
 
 
 def activate(class_archive: str) -> list[str]:
     """Point Spark at the prepared home (unless SPARK_HOME is set); return the driver's JVM options."""
-    home = prepared_dir() / "home"
+    directory = prepared_dir()
+    home = directory / "home"
     if "SPARK_HOME" not in os.environ:
         if (home / "jars").is_dir():
             os.environ["SPARK_HOME"] = str(home)
         else:
             log.info("no prepared Spark home at %s: Spark starts slower (prepare it with "
                      "`python -m sink_service.spark_home`)", home)
-    path = archive_path(class_archive)
+    path = archive_path(class_archive, directory)
     if path is None or not path.is_file():
         if path is not None:
             log.info("no JVM class archive at %s: Spark starts slower", path)
