@@ -94,7 +94,8 @@ class SinkConfig:
         64 * 1024 * 1024, minimum=1024, group="Flush")
     flush_interval_ms: int = setting(
         "SINK_FLUSH_INTERVAL_MS", "A partition's pending data is written once its oldest pending "
-        "record has waited this long (wall clock), even while other partitions are busy.",
+        "record has waited this long (wall clock, from the last look before it appeared, so a slow "
+        "micro-batch does not add to it), even while other partitions are busy.",
         60_000, minimum=100, group="Flush")
     poll_interval_ms: int = setting(
         "SINK_POLL_INTERVAL_MS", "Micro-batch trigger interval: how often thresholds are checked.",

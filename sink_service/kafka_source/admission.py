@@ -40,22 +40,27 @@ class Range:
 @dataclass
 class Admission:
     thresholds: Thresholds
-    # Per partition, (offset, time) checkpoints: every record below `offset` had been seen by
-    # `time`. The first checkpoint above the current position dates the oldest pending record.
+    # Per partition, (offset, time) checkpoints: the records below `offset` that an earlier
+    # checkpoint does not cover arrived after `time`. The first checkpoint above the current
+    # position dates the oldest pending record.
     arrivals: dict[TopicPartition, deque[tuple[int, float]]] = field(default_factory=dict)
     admitted_before: bool = False
+    # New records are dated by the previous look, not this one: they may have waited since then,
+    # and a look can come a whole micro-batch after the last. Dating them by this look would let
+    # a partition wait the interval plus one micro-batch (or more, under load) before it is due.
+    last_plan_at: float | None = None
 
     @property
     def pending_since(self) -> dict[TopicPartition, float]:
-        """When each partition's oldest pending record was first seen."""
+        """Since when, at the latest, each partition's oldest pending record has been waiting."""
         return {tp: seen[0][1] for tp, seen in self.arrivals.items() if seen}
 
-    def _oldest_pending_seen_at(self, tp: TopicPartition, position: int, available: int, now: float) -> float:
+    def _oldest_pending_since(self, tp: TopicPartition, position: int, available: int, now: float) -> float:
         seen = self.arrivals.setdefault(tp, deque())
         while seen and seen[0][0] <= position:
             seen.popleft()
         if not seen or seen[-1][0] < available:
-            seen.append((available, now))
+            seen.append((available, now if self.last_plan_at is None else self.last_plan_at))
         return seen[0][1]
 
     def plan(
@@ -74,7 +79,7 @@ class Admission:
             if pending <= 0:
                 self.arrivals.pop(tp, None)
                 continue
-            since = self._oldest_pending_seen_at(tp, begin, available[tp], now)
+            since = self._oldest_pending_since(tp, begin, available[tp], now)
             records_per_file = limits.records
             estimate = estimates.get(tp[0])
             if estimate:
@@ -85,6 +90,7 @@ class Admission:
             if admit > 0:
                 due.append((since, tp, admit))
 
+        self.last_plan_at = now
         end = dict(start)
         # Oldest pending data first; every due partition gets one file's worth before any gets two.
         due.sort()

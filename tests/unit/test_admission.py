@@ -64,12 +64,23 @@ def test_time_threshold_admits_an_idle_partition_while_another_is_busy():
     assert A not in adm.pending_since
 
 
-def test_time_threshold_is_measured_from_first_seen():
+def test_time_threshold_is_measured_from_the_look_before_the_records_appeared():
     adm = admission(records=100, interval_s=5.0)
     adm.plan({A: 0}, {A: 0}, now=0.0)  # nothing pending yet
-    assert adm.plan({A: 0}, {A: 1}, now=3.0) == {A: 0}  # first seen at 3.0
-    assert adm.plan({A: 0}, {A: 2}, now=7.9) == {A: 0}
-    assert adm.plan({A: 0}, {A: 2}, now=8.0) == {A: 2}
+    # First seen at 3.0, but it may have arrived just after the look at 0.0 (a long micro-batch
+    # in between): it is dated 0.0, so it is never admitted later than the interval after arrival.
+    assert adm.plan({A: 0}, {A: 1}, now=3.0) == {A: 0}
+    assert adm.pending_since[A] == 0.0
+    assert adm.plan({A: 0}, {A: 2}, now=4.9) == {A: 0}
+    assert adm.plan({A: 0}, {A: 2}, now=5.0) == {A: 2}
+
+
+def test_records_present_at_the_first_look_are_dated_by_it():
+    adm = admission(records=100, interval_s=5.0)
+    assert adm.plan({A: 0}, {A: 1}, now=3.0) == {A: 0}
+    assert adm.pending_since[A] == 3.0
+    assert adm.plan({A: 0}, {A: 1}, now=7.9) == {A: 0}
+    assert adm.plan({A: 0}, {A: 1}, now=8.0) == {A: 1}
 
 
 def test_pending_since_is_reset_when_drained():
@@ -77,11 +88,11 @@ def test_pending_since_is_reset_when_drained():
     adm.plan({A: 0}, {A: 1}, now=0.0)
     assert adm.plan({A: 0}, {A: 1}, now=5.0) == {A: 1}
     assert A not in adm.pending_since
-    # New data starts a new wait.
+    # New data starts a new wait, from the previous look.
     assert adm.plan({A: 1}, {A: 2}, now=6.0) == {A: 1}
-    assert adm.pending_since[A] == 6.0
-    assert adm.plan({A: 1}, {A: 2}, now=10.9) == {A: 1}
-    assert adm.plan({A: 1}, {A: 2}, now=11.0) == {A: 2}
+    assert adm.pending_since[A] == 5.0
+    assert adm.plan({A: 1}, {A: 2}, now=9.9) == {A: 1}
+    assert adm.plan({A: 1}, {A: 2}, now=10.0) == {A: 2}
 
 
 def test_pending_since_is_forgotten_when_nothing_is_pending():
@@ -106,10 +117,10 @@ def test_partitions_unknown_to_start_are_ignored():
 def test_range_budget_one_file_each_before_anyone_gets_two_oldest_first():
     adm = admission(records=10, interval_s=100.0, max_ranges=3)
     adm.plan({C: 0}, {C: 5}, now=0.0)  # C pending since 0 (below threshold)
-    adm.plan({B: 0}, {B: 5}, now=1.0)  # B pending since 1
-    adm.plan({A: 0}, {A: 5}, now=2.0)  # A pending since 2
+    adm.plan({C: 0, B: 0}, {C: 5, B: 5}, now=1.0)  # B pending since the look at 0
+    adm.plan({C: 0, B: 0, A: 0}, {C: 5, B: 5, A: 5}, now=2.0)  # A pending since 1
     start = {A: 0, B: 0, C: 0, D: 0}
-    end = adm.plan(start, {A: 50, B: 50, C: 50, D: 50}, now=3.0)  # D first seen now
+    end = adm.plan(start, {A: 50, B: 50, C: 50, D: 50}, now=3.0)  # D pending since 2
     # Three ranges: one file each for the three oldest partitions; D waits.
     assert end == {A: 10, B: 10, C: 10, D: 0}
 
