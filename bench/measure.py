@@ -121,6 +121,23 @@ def _busy_cpu_seconds() -> float:
     return sum(t) - t.idle - getattr(t, "iowait", 0.0) - _steal(t)
 
 
+def wait_until_quiet(max_busy_cores: float, window_s: float, timeout_s: float) -> tuple[float, float]:
+    """Wait until the machine's busy CPU (steal excluded) stays below `max_busy_cores` for one window.
+
+    A broker keeps working after a large produce (noida-db: a full core for about 12 s after 2M
+    records), so a fixed pause would hand that work to whichever system runs first.
+    Returns (seconds waited, busy cores in the last window); gives up after `timeout_s`.
+    """
+    started = time.monotonic()
+    while True:
+        before = _busy_cpu_seconds()
+        time.sleep(window_s)
+        busy = (_busy_cpu_seconds() - before) / window_s
+        waited = time.monotonic() - started
+        if busy < max_busy_cores or waited >= timeout_s:
+            return waited, busy
+
+
 def _steal_cpu_seconds() -> float:
     """CPU time the hypervisor gave to other virtual machines: this machine's noise floor."""
     return _steal(psutil.cpu_times())

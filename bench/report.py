@@ -26,6 +26,8 @@ ROWS = [  # (key in a system's result, label, format)
     ("endpoint_rows", "rows in the endpoint table (distinct keys)", "{:,d}"),
     ("other_load_cores", "other load on the machine (cores busy) [2]", "{:.2f}"),
     ("steal_cores", "CPU taken by other virtual machines (steal, cores) [2]", "{:.2f}"),
+    ("rested_s", "rest before the start, until the machine was quiet (s) [4]", "{:.0f}"),
+    ("busy_cores_before", "machine busy at the start (cores) [4]", "{:.2f}"),
 ]
 RATIOS = [  # (key, label, higher is better)
     ("records_per_s", "throughput, start to last commit", True),
@@ -116,6 +118,9 @@ hypervisor gave to other virtual machines while this one wanted it (the `st` of 
 [3] CPU used during the system's run by the broker (serving fetches and commits) and by the benchmark
 process, which hosts the endpoint (multipart parsing, Parquet decoding, SQLite upsert) and polls offsets: part
 of the cost of a run, not counted in the system's own CPU seconds.
+[4] Before each system the benchmark waits until the whole machine is quiet (busy below --quiet-cores
+for 2 s). noida-db keeps a full core busy for about 12 s after 2M records are produced; with a fixed
+pause, the system that runs first would share the machine with that work.
 
 Only the service and the hand-written pipeline push each file to the EMS-compatible endpoint (which
 parses it and upserts it into SQLite inside the benchmark process, on the same cores); Quix writes local

@@ -29,7 +29,7 @@ import psutil
 from confluent_kafka import libversion
 
 from bench import report
-from bench.measure import OffsetWatcher, ProcessTreeSampler, latency_stats, machine_info
+from bench.measure import OffsetWatcher, ProcessTreeSampler, latency_stats, machine_info, wait_until_quiet
 from bench.systems import BENCH, QUIX_VENV, SYSTEMS, Output, RunContext, System
 from bench.workload import Produced, WorkloadSpec, build_records, produce
 from devkit.brokers import running_broker
@@ -185,11 +185,12 @@ def run_workload(bootstrap: str, endpoint: LocalEmsServer, spec: WorkloadSpec, a
     run = {"workload": spec.as_dict(), "topic": topic, "records": produced.records, "produce_s": produced.seconds,
            "payload_bytes": produced.payload_bytes, "end_offsets": produced.end_offsets, "systems": {}}
     for name in args.systems:
-        time.sleep(args.cooldown)
-        log(f"running {name}")
+        waited, busy = wait_until_quiet(args.quiet_cores, 2.0, args.settle_timeout)
+        log(f"running {name} (after {waited:.0f}s of rest; machine busy {busy:.2f} cores)")
         try:
             run["systems"][name] = run_system(SYSTEMS[name](), ctx, produced, endpoint, f"bench-{name}-{topic}",
                                               args.timeout, args.stall_timeout, broker_pids)
+            run["systems"][name].update(rested_s=round(waited, 1), busy_cores_before=round(busy, 2))
         except Exception as exc:  # a broken system must not lose the others' numbers
             traceback.print_exc()
             run["systems"][name] = {"label": SYSTEMS[name].label, "error": f"{type(exc).__name__}: {exc}"}
@@ -233,7 +234,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=900, help="seconds one system may take")
     parser.add_argument("--stall-timeout", type=float, default=300,
                         help="give a system up when nothing new was committed for this many seconds")
-    parser.add_argument("--cooldown", type=float, default=3, help="seconds of rest before each system")
+    parser.add_argument("--quiet-cores", type=float, default=0.1,
+                        help="before each system, wait until the machine's busy CPU stays below this many cores "
+                             "for 2 s (the broker keeps working after a produce)")
+    parser.add_argument("--settle-timeout", type=float, default=120,
+                        help="start the next system anyway after this many seconds of waiting for quiet")
     parser.add_argument("--broker", default=None, help="noida (default), tansu or external (SINK_TEST_BOOTSTRAP)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the report")
     args = parser.parse_args(argv)
