@@ -29,6 +29,7 @@ class ProcessTreeSampler:
         # The benchmark itself (first) and the broker: not "other load", reported on their own.
         self.ours = [psutil.Process(p) for p in ours]
         self.peak_rss = 0
+        self.peak_rss_by_kind: dict[str, int] = {}  # what made up the peak
         self.peak_processes = 0
         self.samples: list[tuple[float, int]] = []  # (monotonic, rss bytes)
         self._cpu: dict[int, float] = {}  # pid -> last seen user+system seconds of a tree member
@@ -81,17 +82,20 @@ class ProcessTreeSampler:
             processes = [self.root, *self.root.children(recursive=True)]
         except psutil.Error:
             return
-        rss = 0
+        rss_by_kind: dict[str, int] = {}
         for p in processes:
             with contextlib.suppress(psutil.Error), p.oneshot():
-                rss += p.memory_info().rss
+                rss = p.memory_info().rss
                 self._cpu[p.pid] = _cpu_seconds(p)
                 # Until known: spark-submit's shell script becomes the JVM by exec, under the same pid.
                 if self._kind.get(p.pid, "other") == "other":
                     self._kind[p.pid] = "main" if p.pid == self.root.pid else _process_kind(p)
+                kind = self._kind[p.pid]
+                rss_by_kind[kind] = rss_by_kind.get(kind, 0) + rss
+        rss = sum(rss_by_kind.values())
         self.samples.append((time.monotonic(), rss))
         if rss > self.peak_rss:
-            self.peak_rss = rss
+            self.peak_rss, self.peak_rss_by_kind = rss, rss_by_kind
         self.peak_processes = max(self.peak_processes, len(processes))
 
 

@@ -92,7 +92,10 @@ def run_markdown(run: dict, heading: str = "###") -> str:
                      if service.get("uploads") else "")
                   + (" CPU seconds by process: " + ", ".join(
                       f"{kind} {seconds:.1f}" for kind, seconds in sorted(service["cpu_s_by_process_kind"].items()))
-                     + "." if service.get("cpu_s_by_process_kind") else "")]
+                     + "." if service.get("cpu_s_by_process_kind") else "")
+                  + (" Peak RSS by process (MB): " + ", ".join(
+                      f"{kind} {mb:,}" for kind, mb in sorted(service["peak_rss_mb_by_process_kind"].items()))
+                     + "." if service.get("peak_rss_mb_by_process_kind") else "")]
     errors = [f"- **{systems[n]['label']}** failed: {systems[n]['error']}" for n in names if systems[n].get("error")]
     if errors:
         lines += ["", *errors]

@@ -147,6 +147,7 @@ def run_system(system: System, ctx: RunContext, produced: Produced, endpoint: Lo
         "cpu_s": sampler.tree_cpu_s,
         "cpu_s_per_m_records": sampler.tree_cpu_s / (total / 1e6),
         "cpu_s_by_process_kind": sampler.cpu_s_by_kind,
+        "peak_rss_mb_by_process_kind": {kind: round(rss / 2**20) for kind, rss in sampler.peak_rss_by_kind.items()},
         "endpoint_cpu_s": sampler.ours_cpu_s[0],  # the benchmark process: mostly the endpoint's work
         "broker_cpu_s": sum(sampler.ours_cpu_s[1:]),
         "other_load_cores": sampler.other_cpu_s / sampler.wall_s if sampler.wall_s else None,
