@@ -13,6 +13,7 @@ from devkit.service_process import ServiceProcess
 from local_ems.server import LocalEmsServer
 
 AUTHORIZATION = "AppKey e2e-secret-app-key-4711"
+POLL_INTERVAL_S = 0.5  # the services the tests start check thresholds this often
 _names = itertools.count()
 
 
@@ -44,7 +45,7 @@ def service_env(bootstrap: str, ems: LocalEmsServer, tmp_path: Path) -> Callable
             "SINK_EMS_TARGET_TABLE": "{topic}",
             "SINK_PRIMARY_KEYS": "id",
             "SINK_FLUSH_INTERVAL_MS": "2000",
-            "SINK_POLL_INTERVAL_MS": "500",
+            "SINK_POLL_INTERVAL_MS": str(int(POLL_INTERVAL_S * 1000)),
             "SINK_HTTP_PORT": str(free_port()),
             "SINK_SCRATCH_DIR": str(tmp_path / "scratch"),
             "SINK_SHUTDOWN_TIMEOUT_MS": "20000",
