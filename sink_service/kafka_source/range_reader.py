@@ -103,14 +103,16 @@ def read_range(rng: Range, config: Mapping[str, object]) -> Iterator[pa.RecordBa
                     f"no data from topic={rng.topic} partition={rng.partition} at offset {position} "
                     f"for {STALL_TIMEOUT_S:.0f}s (range ends at {rng.end}); is the broker reachable?"
                 )
-            if len(pending) >= BATCH_RECORDS:
+            if len(pending) >= BATCH_RECORDS and position < rng.end:
                 yield _batch(rng, pending)
                 pending = []
-        if pending:
-            yield _batch(rng, pending)
-        if position < rng.end:
-            raise RuntimeError(f"range {rng} ended early at {position}")
+        tail = _batch(rng, pending) if pending else None
     finally:
+        # Unassigned before the last batch is handed on: the caller decodes, writes and uploads
+        # it before this generator resumes, and a consumer left assigned at the high watermark
+        # keeps fetching meanwhile (noida-db answers such fetches at once, so both spin).
         consumer.unassign()
         if gc_was_enabled:
             gc.enable()
+    if tail is not None:
+        yield tail
