@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from devkit.kafka_data import Workload, create_topics, produce_orders
+from sink_service.kafka_source import range_reader
 from sink_service.kafka_source.admission import Range
 from sink_service.kafka_source.range_reader import BATCH_RECORDS, _consumer, consumer_config, read_range
 
@@ -12,11 +15,15 @@ RECORDS = BATCH_RECORDS + 5_000  # one full batch, then a tail
 
 
 @pytest.fixture(scope="module")
-def topic(bootstrap: str) -> str:
+def topic(bootstrap: str) -> Iterator[str]:
     name = "range-reader"
     create_topics(bootstrap, {name: 1})
     produce_orders(bootstrap, name, keys=RECORDS, updates=1, workload=Workload(), partition=0)
-    return name
+    yield name
+    # The reader caches its consumers per process; closed here, they do not outlive the broker.
+    for consumer in range_reader._consumers.values():
+        consumer.close()
+    range_reader._consumers.clear()
 
 
 def _offsets(batches) -> list[int]:
