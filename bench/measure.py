@@ -125,7 +125,7 @@ def _busy_cpu_seconds() -> float:
     return sum(t) - t.idle - getattr(t, "iowait", 0.0) - _steal(t)
 
 
-def wait_until_quiet(max_busy_cores: float, window_s: float, timeout_s: float) -> tuple[float, float]:
+def wait_until_quiet(max_busy_cores: float, timeout_s: float, window_s: float = 2.0) -> tuple[float, float]:
     """Wait until the machine's busy CPU (steal excluded) stays below `max_busy_cores` for one window.
 
     A broker keeps working after a large produce (noida-db: a full core for about 12 s after 2M

@@ -186,7 +186,7 @@ def run_workload(bootstrap: str, endpoint: LocalEmsServer, spec: WorkloadSpec, a
     run = {"workload": spec.as_dict(), "topic": topic, "records": produced.records, "produce_s": produced.seconds,
            "payload_bytes": produced.payload_bytes, "end_offsets": produced.end_offsets, "systems": {}}
     for name in args.systems:
-        waited, busy = wait_until_quiet(args.quiet_cores, 2.0, args.settle_timeout)
+        waited, busy = wait_until_quiet(args.quiet_cores, args.settle_timeout)
         log(f"running {name} (after {waited:.0f}s of rest; machine busy {busy:.2f} cores)")
         try:
             run["systems"][name] = run_system(SYSTEMS[name](), ctx, produced, endpoint, f"bench-{name}-{topic}",

@@ -55,12 +55,12 @@ class Admission:
         """Since when, at the latest, each partition's oldest pending record has been waiting."""
         return {tp: seen[0][1] for tp, seen in self.arrivals.items() if seen}
 
-    def _oldest_pending_since(self, tp: TopicPartition, position: int, available: int, now: float) -> float:
+    def _oldest_pending_since(self, tp: TopicPartition, position: int, available: int, new_since: float) -> float:
         seen = self.arrivals.setdefault(tp, deque())
         while seen and seen[0][0] <= position:
             seen.popleft()
         if not seen or seen[-1][0] < available:
-            seen.append((available, now if self.last_plan_at is None else self.last_plan_at))
+            seen.append((available, new_since))
         return seen[0][1]
 
     def plan(
@@ -74,12 +74,13 @@ class Admission:
         limits = self.thresholds
         estimates = bytes_per_record or {}
         due: list[tuple[float, TopicPartition, int]] = []
+        new_since = now if self.last_plan_at is None else self.last_plan_at
         for tp, begin in start.items():
             pending = available.get(tp, begin) - begin
             if pending <= 0:
                 self.arrivals.pop(tp, None)
                 continue
-            since = self._oldest_pending_since(tp, begin, available[tp], now)
+            since = self._oldest_pending_since(tp, begin, available[tp], new_since)
             records_per_file = limits.records
             estimate = estimates.get(tp[0])
             if estimate:
