@@ -82,6 +82,10 @@ class SinkConfig:
     topic_refresh_interval_ms: int = setting(
         "SINK_TOPIC_REFRESH_INTERVAL_MS", "How often topic metadata is re-read to discover new "
         "topics (pattern) and partitions.", 30_000, minimum=1000, group="Kafka")
+    read_batch_max_bytes: int = setting(
+        "SINK_READ_BATCH_MAX_BYTES", "Most bytes of keys and values a task reads from Kafka before it "
+        "decodes and writes them; with the 20,000-record cap this bounds a task's memory whatever "
+        "the record size.", 32 * 1024 * 1024, minimum=1024, group="Kafka")
     # SINK_KAFKA_<NAME> pass-through is documented separately (see `kafka_passthrough`).
 
     # --- Flush thresholds ---------------------------------------------------------------------
@@ -122,6 +126,11 @@ class SinkConfig:
         "SINK_ERROR_POLICY", "Records that cannot be decoded or lack a primary key: `fail` stops "
         "with an error naming topic, partition and offset; `skip` logs and counts each one.",
         "fail", choices=("fail", "skip"), group="Records")
+    max_identical_failures: int = setting(
+        "SINK_MAX_IDENTICAL_FAILURES", "A partition whose replay fails this many times in a row at the "
+        "same offset with the same error (not an upload or broker outage, which are retried while the "
+        "service stays up) stops the service with exit 3, naming topic, partition, offset and cause.",
+        5, minimum=1, group="Records")
     parquet_compression: str = setting(
         "SINK_PARQUET_COMPRESSION", "Parquet compression codec.", "snappy",
         choices=("snappy", "zstd", "gzip", "lz4", "brotli", "none"), group="Records")
