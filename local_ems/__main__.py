@@ -19,6 +19,7 @@ import threading
 from types import FrameType
 
 from local_ems.server import DEFAULT_MAX_BODY_BYTES, DEFAULT_POOL_ID, LocalEmsServer
+from local_ems.store import ORDER_MODE, UPSERT_MODES
 
 AUTHORIZATION_ENV = "LOCAL_EMS_AUTHORIZATION"
 
@@ -34,6 +35,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pool-id", default=DEFAULT_POOL_ID, help="pool id shown in the printed items URL")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                         help="larger request bodies get 413 (default 1 GiB)")
+    parser.add_argument("--upsert-mode", choices=UPSERT_MODES, default=ORDER_MODE,
+                        help="across files, keep the highest order value per key (order, the default) or let "
+                             "the last upload win (last-upload)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     args = parser.parse_args(argv)
     if not args.authorization:
@@ -54,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     server = LocalEmsServer(args.data_dir, args.authorization, args.host, args.port,
-                            max_body_bytes=args.max_body_bytes, pool_id=args.pool_id).start()
+                            max_body_bytes=args.max_body_bytes, pool_id=args.pool_id,
+                            upsert_mode=args.upsert_mode).start()
     print(server.items_url(), flush=True)
     try:
         while not stop.wait(0.5):

@@ -8,7 +8,7 @@ Routes (no auth; the HTTP layer answers them on loopback connections only):
   GET    /_control/uploads[?targetName=] upload log entries, oldest first
   GET    /_control/tables/<targetName>        {"columns": [...], "rows": [[...], ...]}; 404 if absent
   GET    /_control/tables/<targetName>/count  {"count": n}; 404 if absent
-  GET    /_control/stats                 items POSTs by status code, uploads, rows, bytes
+  GET    /_control/stats                 items POSTs by status code, uploads, rows, bytes, upsert mode
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class Control:
         self._faults.clear()
 
     def stats(self) -> dict[str, Any]:
-        return {**self._stats.snapshot(), "fault": self._faults.state()}
+        return {**self._stats.snapshot(), "fault": self._faults.state(), "upsert_mode": self._store.upsert_mode}
 
     # The HTTP API.
 

@@ -23,7 +23,7 @@ from local_ems.http_server import EmsHttpServer
 from local_ems.items import ItemsEndpoint
 from local_ems.routes import Router
 from local_ems.stats import RequestStats
-from local_ems.store import UpsertStore
+from local_ems.store import ORDER_MODE, UpsertStore, check_upsert_mode
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,11 @@ _WILDCARD_TO_LOOPBACK = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}  
 
 
 class LocalEmsServer:
-    """An EMS-compatible items endpoint on `host:port` (port 0 picks a free one at start())."""
+    """An EMS-compatible items endpoint on `host:port` (port 0 picks a free one at start()).
+
+    `upsert_mode="order"` keeps the row with the highest order value across files; "last-upload" lets
+    a later file's row replace the stored one regardless of it (see local_ems.store).
+    """
 
     def __init__(
         self,
@@ -46,12 +50,14 @@ class LocalEmsServer:
         *,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         pool_id: str = DEFAULT_POOL_ID,
+        upsert_mode: str = ORDER_MODE,
     ) -> None:
         if not authorization:
             raise ValueError("authorization must be the exact header value clients send, e.g. 'AppKey <key>'")
         self.data_dir = Path(data_dir)
         self.host = host
         self.pool_id = pool_id
+        self.upsert_mode = check_upsert_mode(upsert_mode)
         self._authorization = authorization
         self._requested_port = port
         self._max_body_bytes = max_body_bytes
@@ -67,7 +73,7 @@ class LocalEmsServer:
         if self._http is not None:
             raise RuntimeError("LocalEmsServer is already started")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._store = UpsertStore(self.data_dir / DATABASE_FILE)
+        self._store = UpsertStore(self.data_dir / DATABASE_FILE, self.upsert_mode)
         self._control = Control(self._store, self._faults, self._stats)
         items = ItemsEndpoint(self._authorization, self._store, self.data_dir / UPLOADS_DIR, self._faults,
                               self._stats, self._max_body_bytes)
@@ -79,7 +85,8 @@ class LocalEmsServer:
         self._thread = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.1},
                                         name=f"local-ems-{self.port}", daemon=True)
         self._thread.start()
-        log.info("local EMS endpoint listening on %s (data in %s)", self.items_url(), self.data_dir)
+        log.info("local EMS endpoint listening on %s (data in %s, upsert mode %s)", self.items_url(), self.data_dir,
+                 self.upsert_mode)
         return self
 
     def stop(self) -> None:

@@ -5,10 +5,12 @@ time (SQLite allows one writer anyway), while readers open their own short-lived
 never block it. Each upload is one transaction: schema changes, rows and its log entry commit
 together or not at all.
 
-Upsert rule (EMS's duplicate removal): with primary keys, a row replaces the stored row of its key
-only if its order column is higher, or the stored one is NULL; without an order column the later
-upload wins. Without primary keys every row is appended. Table and column names follow SQLite and
-compare case-insensitively.
+Upsert rule (EMS's duplicate removal): with primary keys, one row per key survives inside a file (the
+highest order value). Across files the upsert mode decides: in `order` mode a row replaces the stored
+row of its key only if its order column is higher, or the stored one is NULL; in `last-upload` mode
+it always replaces it, as an endpoint that applies files in arrival order would. Without an order
+column the later upload wins in both. Without primary keys every row is appended. Table and column
+names follow SQLite and compare case-insensitively.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from typing import Any
 from local_ems.responses import HttpError
 
 UPLOADS_TABLE = "_ems_uploads"
+ORDER_MODE = "order"
+LAST_UPLOAD_MODE = "last-upload"
+UPSERT_MODES = (ORDER_MODE, LAST_UPLOAD_MODE)
 
 
 @dataclass(frozen=True)
@@ -57,16 +62,23 @@ class UploadEntry:
                 "path": self.path}
 
 
+def check_upsert_mode(mode: str) -> str:
+    if mode not in UPSERT_MODES:
+        raise ValueError(f"upsert mode {mode!r} is not one of {', '.join(UPSERT_MODES)}")
+    return mode
+
+
 def quote(identifier: str) -> str:
     """SQL identifier quoting: any name, including quotes and spaces, becomes a literal identifier."""
     return '"' + identifier.replace('"', '""') + '"'
 
 
 class UpsertStore:
-    """Thread-safe; create one per data directory."""
+    """Thread-safe; create one per data directory. `upsert_mode` is one of UPSERT_MODES."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, upsert_mode: str = ORDER_MODE) -> None:
         self.path = Path(path)
+        self.upsert_mode = check_upsert_mode(upsert_mode)
         self._lock = threading.Lock()
         self._writer = self._connect()
         self._writer.execute("PRAGMA journal_mode=WAL")
@@ -90,7 +102,8 @@ class UpsertStore:
             try:
                 table_columns, table_keys = self._ensure_table(connection, prepared)
                 if prepared.rows:
-                    connection.executemany(_insert_sql(prepared, table_columns, table_keys), prepared.rows)
+                    sql = _insert_sql(prepared, table_columns, table_keys, self.upsert_mode)
+                    connection.executemany(sql, prepared.rows)
                 connection.execute(
                     f"INSERT INTO {UPLOADS_TABLE} (id, pool, targetName, fileName, params, rows, bytes, "
                     "received_at, path) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -178,7 +191,8 @@ def _check_keys(name: str, table_keys: Sequence[str], request_keys: Sequence[str
                          "send the same primary keys for every upload into a table")
 
 
-def _insert_sql(prepared: PreparedRows, table_columns: Sequence[str], table_keys: Sequence[str]) -> str:
+def _insert_sql(prepared: PreparedRows, table_columns: Sequence[str], table_keys: Sequence[str],
+                upsert_mode: str) -> str:
     table = quote(prepared.target_name)
     sql = (f"INSERT INTO {table} ({', '.join(quote(c) for c in prepared.columns)}) "
            f"VALUES ({', '.join('?' for _ in prepared.columns)})")
@@ -192,7 +206,7 @@ def _insert_sql(prepared: PreparedRows, table_columns: Sequence[str], table_keys
     if not updates:
         return sql + conflict + " DO NOTHING"
     sql += conflict + " DO UPDATE SET " + ", ".join(f"{quote(c)} = excluded.{quote(c)}" for c in updates)
-    if prepared.order_column is not None:
+    if prepared.order_column is not None and upsert_mode == ORDER_MODE:
         order = next(c for c in table_columns if c.casefold() == prepared.order_column.casefold())
         sql += f" WHERE {table}.{quote(order)} IS NULL OR excluded.{quote(order)} > {table}.{quote(order)}"
     return sql

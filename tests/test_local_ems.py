@@ -240,6 +240,37 @@ def test_a_later_upload_with_a_lower_order_value_does_not_overwrite(ems: LocalEm
     assert {k: (r["v"], r["_offset"]) for k, r in by_id(ems).items()} == {"a": ("new", 10), "b": ("new", 10)}
 
 
+def _push_new_then_older(url: str) -> None:
+    """A file with offset 10 for key a, then a later file (a replay) with offset 3 for a, 11 for b."""
+    assert push(url, {"id": ["a", "b"], "v": ["new", "b0"], "_offset": [10, 0]},
+                keys="id", order="_offset").status_code == 200
+    replay = {"id": ["a", "b", "a", "b"], "v": ["old", "b2", "older", "b1"], "_offset": [3, 11, 2, 1]}
+    assert push(url, replay, keys="id", order="_offset").status_code == 200
+
+
+def test_order_mode_keeps_the_higher_order_value_across_files(ems: LocalEmsServer) -> None:
+    assert ems.upsert_mode == "order"
+    _push_new_then_older(ems.items_url())
+    assert {k: (r["v"], r["_offset"]) for k, r in by_id(ems).items()} == {"a": ("new", 10), "b": ("b2", 11)}
+
+
+def test_last_upload_mode_lets_a_later_file_replace_a_higher_order_value(tmp_path: Path) -> None:
+    with LocalEmsServer(tmp_path, AUTH, upsert_mode="last-upload") as server:
+        _push_new_then_older(server.items_url())
+        # Across files the later one wins; inside the later file the highest order value still does.
+        assert {k: (r["v"], r["_offset"]) for k, r in by_id(server).items()} == {"a": ("old", 3), "b": ("b2", 11)}
+        assert server.stats()["upsert_mode"] == "last-upload"
+        # NULL order values: the later file's row replaces the stored one too.
+        assert push(server.items_url(), {"id": ["a"], "v": ["null"], "_offset": pa.array([None], pa.int64())},
+                    keys="id", order="_offset").status_code == 200
+        assert by_id(server)["a"]["v"] == "null"
+
+
+def test_an_unknown_upsert_mode_is_refused_naming_the_modes(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"'newest' is not one of order, last-upload"):
+        LocalEmsServer(tmp_path, AUTH, upsert_mode="newest")
+
+
 def test_composite_keys_and_null_order_values_lose(ems: LocalEmsServer) -> None:
     rows = {"tenant": ["t1", "t1", "t2", "t1"], "id": ["a", "a", "a", "b"], "v": [1, 2, 3, 4], "o": [1, None, 1, None]}
     assert push(ems.items_url(), rows, keys="tenant,id", order="o").status_code == 200
@@ -339,6 +370,7 @@ def test_fault_by_count_with_retry_after_is_not_stored(ems: LocalEmsServer) -> N
     stats = ems.stats()
     assert stats["requests"] == {"200": 1, "503": 2}
     assert stats["fault"] is None
+    assert stats["upsert_mode"] == "order"
 
 
 def test_fault_by_seconds_ends_by_itself(ems: LocalEmsServer) -> None:
@@ -415,7 +447,8 @@ def _first_line(process: subprocess.Popen[str], timeout_s: float) -> str:
 
 def test_cli_serves_an_upload_and_stops_on_sigterm(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "local_ems", "--host", "127.0.0.1", "--port", "0",
-               "--data-dir", str(tmp_path / "data"), "--authorization", AUTH, "--pool-id", "pool-cli"]
+               "--data-dir", str(tmp_path / "data"), "--authorization", AUTH, "--pool-id", "pool-cli",
+               "--upsert-mode", "last-upload"]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
@@ -427,6 +460,9 @@ def test_cli_serves_an_upload_and_stops_on_sigterm(tmp_path: Path) -> None:
         assert push(url, {"id": ["a"]}, auth="AppKey nope").status_code == 401
         client = LocalEmsClient(url)
         assert client.table("orders") == [{"id": "a", "_offset": 2}]
+        assert push(url, {"id": ["a"], "_offset": [1]}, keys="id", order="_offset").status_code == 200
+        assert client.table("orders") == [{"id": "a", "_offset": 1}]  # last-upload mode: the later file wins
+        assert client.stats()["upsert_mode"] == "last-upload"
         os.kill(process.pid, signal.SIGTERM)
         assert process.wait(timeout=15) == 0
     finally:
