@@ -21,6 +21,7 @@ _TP = ("topic", "partition")
 class SinkMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        self._repeating: set[TP] = set()
         self.records_read = Counter("sink_records_read_total", "Kafka records read by tasks.", _TP, registry=r)
         self.records_written = Counter(
             "sink_records_written_total", "Records written into Parquet files.", _TP, registry=r)
@@ -57,6 +58,9 @@ class SinkMetrics:
         self.build_info = Info("sink_build", "Versions of the service, Spark and librdkafka.", registry=r)
         self.committed_offset = Gauge(
             "sink_committed_offset", "Offset committed to the consumer group.", _TP, registry=r)
+        self.repeated_failures = Gauge(
+            "sink_repeated_failures", "Replays in a row that failed at the same offset with the same "
+            "error (not outages); the service stops at SINK_MAX_IDENTICAL_FAILURES.", _TP, registry=r)
 
     def record_outcome(self, row, target: str) -> None:
         labels = (row.topic, str(row.partition))
@@ -79,6 +83,13 @@ class SinkMetrics:
         for (topic, partition), offset in commits.items():
             self.last_commit.labels(topic, str(partition)).set(now)
             self.committed_offset.labels(topic, str(partition)).set(offset)
+
+    def record_repeated_failures(self, times: Mapping[TP, int]) -> None:
+        for tp in self._repeating - times.keys():
+            self.repeated_failures.labels(tp[0], str(tp[1])).set(0)
+        for (topic, partition), count in times.items():
+            self.repeated_failures.labels(topic, str(partition)).set(count)
+        self._repeating = set(times)
 
     def record_lag(self, committed: Mapping[TP, int], latest: Mapping[TP, int]) -> None:
         for tp, end in latest.items():

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from sink_service.kafka_source.admission import Range
 from sink_service.parquet_files import ClosedFile, PartitionFileWriter
-from sink_service.records import BadRecord, DecodeSpec, decode
+from sink_service.records import BadRecord, DecodedChunk, DecodeSpec, decode
 from uploader.errors import FatalUploadError, RetryableUploadError
 from uploader.target import FileMetadata, Receipt, UploadTarget
 
@@ -30,6 +31,11 @@ log = logging.getLogger("sink_service.task")
 STATUS_OK = "ok"
 STATUS_RETRYABLE = "retryable"  # replay from the committed offsets
 STATUS_FATAL = "fatal"  # stop the service: retrying cannot fix it
+# Why a range stopped early. Upload and read failures are outages: retried while the service stays
+# up. A processing failure survived the record-by-record pass, so the driver counts repeats.
+ERROR_UPLOAD = "upload"
+ERROR_READ = "read"
+ERROR_PROCESSING = "processing"
 
 _DDL_TYPES = {pa.string(): "STRING", pa.int32(): "INT", pa.int64(): "BIGINT"}
 RESULT_SCHEMA = pa.schema([
@@ -41,6 +47,7 @@ RESULT_SCHEMA = pa.schema([
     ("status", pa.string()),
     ("error", pa.string()),
     ("failure_class", pa.string()),  # "", "retryable" or "fatal": upload failures only
+    ("error_kind", pa.string()),  # "", ERROR_UPLOAD, ERROR_READ or ERROR_PROCESSING
     ("records_read", pa.int64()),
     ("records_written", pa.int64()),
     ("records_uploaded", pa.int64()),
@@ -97,6 +104,7 @@ class _Outcome:
     status: str = STATUS_OK
     error: str = ""
     failure_class: str = ""
+    error_kind: str = ""
     records_read: int = 0
     records_written: int = 0
     records_uploaded: int = 0
@@ -120,6 +128,7 @@ class _RangeProcessor:
             topic=rng.topic, partition=rng.partition, range_start=rng.start, range_end=rng.end
         )
         o.committable = o.range_start
+        self._bad_at_commit: tuple[int, Counter, list[str]] = (0, Counter(), [])
         self.writer = PartitionFileWriter(
             Path(spec.scratch_dir) / "files",
             o.topic,
@@ -147,15 +156,16 @@ class _RangeProcessor:
         try:
             receipt: Receipt = _target(spec).upload(closed.path, metadata, on_retry=self._count_retry)
         except FatalUploadError as exc:
-            o.failure_class = STATUS_FATAL
+            o.failure_class, o.error_kind = STATUS_FATAL, ERROR_UPLOAD
             self._stop(STATUS_FATAL, f"upload of {metadata.file_name()} rejected: {exc}")
         except RetryableUploadError as exc:
-            o.failure_class = STATUS_RETRYABLE
+            o.failure_class, o.error_kind = STATUS_RETRYABLE, ERROR_UPLOAD
             self._stop(STATUS_RETRYABLE, f"upload of {metadata.file_name()} failed: {exc}")
         finally:
             closed.path.unlink(missing_ok=True)
         o.records_uploaded += closed.record_count
         o.committable = closed.last_offset + 1
+        self._bad_at_commit = (o.bad_records, Counter(o.bad_reasons), list(o.bad_samples))
         o.files.append({
             "file": metadata.file_name(),
             "first_offset": closed.first_offset,
@@ -186,9 +196,18 @@ class _RangeProcessor:
                 log.warning("skipped bad record %s", record.describe())
 
     def process(self, raw: pa.RecordBatch) -> None:
+        self.outcome.records_read += raw.num_rows
+        self._write(decode(raw, self.spec.decode))
+
+    def process_carefully(self, raw: pa.RecordBatch) -> None:
+        """Like `process`, but a batch that cannot be decoded or encoded is halved until the
+        records at fault are found; each becomes a bad record under the error policy."""
+        self.outcome.records_read += raw.num_rows
+        for chunk in _bisect_unwritable(raw, self.spec):
+            self._write(chunk)
+
+    def _write(self, chunk: DecodedChunk) -> None:
         o = self.outcome
-        chunk = decode(raw, self.spec.decode)
-        o.records_read += raw.num_rows
         if chunk.bad_records and self.spec.error_policy == "fail":
             first_bad = chunk.bad_records[0]
             for segment in chunk.segments:
@@ -207,25 +226,98 @@ class _RangeProcessor:
         for segment in chunk.segments:
             self.writer.append(segment)
 
+    def rewind(self) -> Range:
+        """Drop the open file and what was counted after the last upload; return what is left."""
+        self.writer.abandon()
+        o = self.outcome
+        o.bad_records, o.bad_reasons, o.bad_samples = self._bad_at_commit
+        o.bad_reasons, o.bad_samples = Counter(o.bad_reasons), list(o.bad_samples)
+        return Range(o.topic, o.partition, o.committable, o.range_end)
+
     def finish(self) -> None:
         self.writer.finish()
         self.outcome.committable = self.outcome.range_end
 
 
-def process_range(spec: TaskSpec, rng: Range, batches: Iterator[pa.RecordBatch]) -> pa.RecordBatch:
-    """Decode, write and upload one offset range; return its outcome as a one-row batch."""
+# Errors that some record's content can cause. Anything else (disk full, out of memory) is the
+# environment's: blaming it on records would skip good ones, so it is only reported.
+DATA_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, pa.ArrowCapacityError,
+               pa.ArrowIndexError, pa.ArrowKeyError, ValueError, TypeError, OverflowError, RecursionError)
+
+
+class _ReadFailed(Exception):
+    """Reading from Kafka failed: an outage to retry, not a problem of the records."""
+
+
+def _reading(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Mark errors raised while reading, so they are not mistaken for bad records."""
+    while True:
+        try:
+            raw = next(batches)
+        except StopIteration:
+            return
+        except Exception as exc:
+            raise _ReadFailed(f"{type(exc).__name__}: {exc}") from exc
+        yield raw
+
+
+def _probe(table: pa.Table) -> None:
+    """Encode to memory exactly as a file would be: raises what writing these rows would raise."""
+    pq.write_table(table, pa.BufferOutputStream())
+
+
+def _bisect_unwritable(raw: pa.RecordBatch, spec: TaskSpec) -> Iterator[DecodedChunk]:
+    """Decoded chunks in offset order; a record that cannot be decoded or encoded is a bad record."""
+    try:
+        chunk = decode(raw, spec.decode)
+        for segment in chunk.segments:
+            _probe(segment)
+    except DATA_ERRORS as exc:
+        if raw.num_rows == 1:
+            yield DecodedChunk(bad_records=[BadRecord(
+                raw.column("topic")[0].as_py(), raw.column("partition")[0].as_py(),
+                raw.column("offset")[0].as_py(), f"cannot be written: {type(exc).__name__}: {exc}", "unwritable",
+            )])
+            return
+        half = raw.num_rows // 2
+        yield from _bisect_unwritable(raw.slice(0, half), spec)
+        yield from _bisect_unwritable(raw.slice(half), spec)
+        return
+    yield chunk
+
+
+def process_range(
+    spec: TaskSpec, rng: Range, read: Callable[[Range], Iterator[pa.RecordBatch]]
+) -> pa.RecordBatch:
+    """Decode, write and upload one offset range; return its outcome as a one-row batch.
+
+    An error that is neither an upload nor a read failure is blamed on the records: what is
+    left of the range (from the last uploaded file on) is read again and handled record by
+    record where needed, so one unwritable record becomes a bad record instead of a replay loop.
+    """
     processor = _RangeProcessor(spec, rng)
+    o = processor.outcome
     started = time.monotonic()
     try:
-        for raw in batches:
-            processor.process(raw)
-        processor.finish()
+        try:
+            for raw in _reading(read(rng)):
+                processor.process(raw)
+            processor.finish()
+        except DATA_ERRORS as exc:
+            rest = processor.rewind()
+            log.warning("range %s failed while writing (%s: %s); reading offsets %d-%d again, "
+                        "record by record where needed", rng, type(exc).__name__, exc, rest.start, rest.end - 1)
+            for raw in _reading(read(rest)):
+                processor.process_carefully(raw)
+            processor.finish()
     except _StopRange:
         processor.writer.abandon()
-    except Exception as exc:  # report, never hide: the driver logs it and replays the range
+    except _ReadFailed as exc:
+        processor.writer.abandon()
+        o.status, o.error_kind, o.error = STATUS_RETRYABLE, ERROR_READ, f"reading from Kafka failed: {exc}"
+    except Exception as exc:  # report, never hide: the driver logs it, replays and counts repeats
         log.exception("range %s failed", rng)
         processor.writer.abandon()
-        processor.outcome.status = STATUS_RETRYABLE
-        processor.outcome.error = f"{type(exc).__name__}: {exc}"
+        o.status, o.error_kind, o.error = STATUS_RETRYABLE, ERROR_PROCESSING, f"{type(exc).__name__}: {exc}"
     log.debug("range %s done in %.2fs", rng, time.monotonic() - started)
-    return processor.outcome.to_batch()
+    return o.to_batch()

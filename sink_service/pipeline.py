@@ -38,8 +38,9 @@ from sink_service.kafka_source.datasource import (
 from sink_service.kafka_source.offsets import KafkaOffsets, TopicSelection, nest
 from sink_service.metrics import SinkMetrics
 from sink_service.offset_commit import ContiguousCommits, RangeOutcome
-from sink_service.partition_task import STATUS_FATAL, STATUS_OK, TaskSpec
+from sink_service.partition_task import ERROR_PROCESSING, STATUS_FATAL, STATUS_OK, TaskSpec
 from sink_service.records import DecodeSpec
+from sink_service.repeated_failures import Failure, RepeatedFailures, Streak
 from sink_service.targets import build_target, target_settings
 
 log = logging.getLogger("sink_service.pipeline")
@@ -125,6 +126,8 @@ class Pipeline:
         self.batch_running = threading.Event()
         self.fatal_error: str | None = None
         self._commits: ContiguousCommits | None = None
+        self._started_once = False
+        self._repeated = RepeatedFailures(config.max_identical_failures)
         scratch = Path(config.scratch_dir)
         self.state_dir = scratch / "state"
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -146,7 +149,11 @@ class Pipeline:
         """Start from the consumer group's committed offsets (checked against retention)."""
         c = self.config
         tps = self.kafka.partitions(self.selection)
-        positions = self.kafka.resolve_start(tps, c.starting_offsets, c.retention_gap_policy)
+        # Only partitions present at the service's first start follow SINK_STARTING_OFFSETS (a
+        # `latest` position is committed then); any found later starts at its earliest offset.
+        starting = c.starting_offsets if not self._started_once else "earliest"
+        positions = self.kafka.resolve_start(tps, starting, c.retention_gap_policy)
+        self._started_once = True
         self.health.update(broker_ok=True)
         self._commits = ContiguousCommits(positions)
         log.info("starting query at %s", {f"{t}:{p}": o for (t, p), o in sorted(positions.items())})
@@ -165,6 +172,8 @@ class Pipeline:
             max_files_per_batch=c.max_files_per_batch,
             first_batch_files=self.spark.sparkContext.defaultParallelism,
             topic_refresh_interval_ms=c.topic_refresh_interval_ms,
+            retention_gap_policy=c.retention_gap_policy,
+            read_batch_max_bytes=c.read_batch_max_bytes,
             state_dir=str(self.state_dir),
             task=SourceOptions.pack_task(self.task_spec),
         )
@@ -205,6 +214,9 @@ class Pipeline:
             RangeOutcome(r.topic, r.partition, r.range_start, r.range_end, r.committable, r.status)
             for r in rows
         ]
+        found = {o.tp for o in outcomes} - self._commits.positions.keys()
+        if found:  # partitions discovered during this query: whatever the group committed, if anything
+            self._commits.positions.update(self.kafka.committed(found))
         commits, gaps = self._commits.advance(outcomes)
         self.kafka.commit(commits)
         self.metrics.record_commits(commits)
@@ -224,11 +236,32 @@ class Pipeline:
         if fatal:
             self.fatal_error = fatal[0].error
             raise FatalPipelineError(self.fatal_error)
+        exhausted = self._count_repeats(rows, failed)
+        if exhausted:
+            self.fatal_error = (
+                f"{exhausted.describe()}. Replaying cannot fix this (SINK_MAX_IDENTICAL_FAILURES="
+                f"{self.config.max_identical_failures}); nothing past offset {exhausted.failure.offset} was "
+                "committed. Fix the cause and restart; the service resumes there."
+            )
+            raise FatalPipelineError(self.fatal_error)
         if failed or gaps:
             reasons = [f"{r.topic}:{r.partition} [{r.range_start},{r.range_end}): {r.error}" for r in failed]
-            self.health.update(last_batch_ok=False, reason=f"batch {batch_id} failed: {reasons or gaps}")
+            repeats = [s.describe() for s in self._repeated.streaks.values() if s.times > 1]
+            self.health.update(last_batch_ok=False,
+                               reason=f"batch {batch_id} failed: {repeats or reasons or gaps}")
             raise BatchIncomplete("; ".join(reasons + gaps))
         self.health.update(last_batch_ok=True, reason="")
+
+    def _count_repeats(self, rows: list, failed: list) -> Streak | None:
+        """Track failures that repeat at one offset; return a streak that reached the limit."""
+        failures = [
+            Failure(r.topic, r.partition, r.committable, r.error, counts=r.error_kind == ERROR_PROCESSING)
+            for r in failed
+        ]
+        finished = [(r.topic, r.partition) for r in rows if r.status == STATUS_OK]
+        exhausted = self._repeated.observe(finished, failures)
+        self.metrics.record_repeated_failures({tp: s.times for tp, s in self._repeated.streaks.items()})
+        return exhausted[0] if exhausted else None
 
     def refresh_offset_metrics(self) -> None:
         """Lag and pending records, also while no batch runs; doubles as the broker check."""

@@ -18,7 +18,7 @@ from pyspark.errors import StreamingQueryException
 
 from sink_service.config import SinkConfig
 from sink_service.health import Health, HealthServer
-from sink_service.kafka_source.offsets import RetentionGapError
+from sink_service.kafka_source.offsets import OffsetGapError
 from sink_service.metrics import SinkMetrics
 from sink_service.pipeline import Pipeline, start_spark
 
@@ -82,7 +82,7 @@ class SinkService:
         while not self._stop_requested.is_set():
             try:
                 query = pipeline.start_query()
-            except RetentionGapError as exc:
+            except OffsetGapError as exc:
                 log.error("%s", exc)
                 return EXIT_FATAL
             except KafkaException as exc:

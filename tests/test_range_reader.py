@@ -1,17 +1,27 @@
-"""Reading offset ranges from a real broker: exact coverage, and no consumer left at the high watermark."""
+"""Reading offset ranges from a real broker: exact coverage, bounded batches, no consumer left at the end."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
+import pyarrow as pa
 import pytest
+from confluent_kafka import Producer
 
 from devkit.kafka_data import Workload, create_topics, produce_orders
 from sink_service.kafka_source import range_reader
 from sink_service.kafka_source.admission import Range
 from sink_service.kafka_source.range_reader import BATCH_RECORDS, _consumer, consumer_config, read_range
+from sink_service.partition_task import TaskSpec, process_range
+from sink_service.records import DecodeSpec
+from sink_service.targets import build_target
+from uploader.directory import DirectorySettings
+from uploader.retry import RetryPolicy
 
 RECORDS = BATCH_RECORDS + 5_000  # one full batch, then a tail
+MAX_BYTES = 1 << 30  # the record cap decides here
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +42,8 @@ def _offsets(batches) -> list[int]:
 
 def test_a_range_is_read_exactly(bootstrap: str, topic: str):
     config = consumer_config({"bootstrap.servers": bootstrap}, "range-reader-exact")
-    assert _offsets(read_range(Range(topic, 0, 3_000, 24_000), config)) == list(range(3_000, 24_000))
-    assert _offsets(read_range(Range(topic, 0, 0, 10), config)) == list(range(10))
+    assert _offsets(read_range(Range(topic, 0, 3_000, 24_000), config, MAX_BYTES)) == list(range(3_000, 24_000))
+    assert _offsets(read_range(Range(topic, 0, 0, 10), config, MAX_BYTES)) == list(range(10))
 
 
 def test_the_consumer_is_unassigned_before_the_last_batch_is_handed_on(bootstrap: str, topic: str):
@@ -43,8 +53,67 @@ def test_the_consumer_is_unassigned_before_the_last_batch_is_handed_on(bootstrap
     consumer = _consumer(config)
     assigned_at_each_batch = []
     offsets: list[int] = []
-    for batch in read_range(Range(topic, 0, 0, RECORDS), config):
+    for batch in read_range(Range(topic, 0, 0, RECORDS), config, MAX_BYTES):
         assigned_at_each_batch.append(bool(consumer.assignment()))
         offsets += batch.column("offset").to_pylist()
     assert offsets == list(range(RECORDS))
     assert assigned_at_each_batch == [True, False]
+
+
+LARGE_VALUE_BYTES = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def large_values(bootstrap: str) -> str:
+    """48 records of 1 MB each: a backlog the 20,000-record cap alone would read in one batch."""
+    name = "range-reader-large"
+    create_topics(bootstrap, {name: 1})
+    producer = Producer({"bootstrap.servers": bootstrap, "message.max.bytes": 10_000_000})
+    for n in range(48):
+        filler = "x" * (LARGE_VALUE_BYTES - 40)
+        producer.produce(name, key=str(n).encode(), value=json.dumps({"id": str(n), "blob": filler}).encode())
+        producer.poll(0)
+    producer.flush(30)
+    return name
+
+
+def test_read_batches_are_bounded_in_bytes(bootstrap: str, large_values: str):
+    config = consumer_config({"bootstrap.servers": bootstrap}, "range-reader-bytes")
+    batches = list(read_range(Range(large_values, 0, 0, 48), config, 4 * LARGE_VALUE_BYTES))
+    assert _offsets(batches) == list(range(48))
+    sizes = [sum(len(v) for v in b.column("value").to_pylist()) for b in batches]
+    assert max(sizes) <= 4 * LARGE_VALUE_BYTES, sizes
+    assert len(batches) >= 12
+
+
+def _peak_arrow_memory(bootstrap: str, topic: str, records: int, tmp_path: Path) -> int:
+    """Largest Arrow allocation seen at any batch boundary while a task decodes, writes, uploads."""
+    config = consumer_config({"bootstrap.servers": bootstrap}, f"range-reader-memory-{records}")
+    spec = TaskSpec(
+        decode=DecodeSpec(None, ("id",), "_offset"),
+        target_settings=DirectorySettings(path=str(tmp_path / f"out-{records}"), retry=RetryPolicy(max_elapsed_s=5)),
+        build_target=build_target, table_template="{topic}", scratch_dir=str(tmp_path / "scratch"),
+        flush_bytes=8 * LARGE_VALUE_BYTES, flush_records=100_000, compression="snappy", error_policy="fail",
+    )
+    peak = 0
+
+    def read(rng: Range) -> Iterator[pa.RecordBatch]:
+        nonlocal peak
+        for batch in read_range(rng, config, 4 * LARGE_VALUE_BYTES):
+            peak = max(peak, pa.total_allocated_bytes())
+            yield batch
+            peak = max(peak, pa.total_allocated_bytes())
+
+    outcome = process_range(spec, Range(topic, 0, 0, records), read).to_pylist()[0]
+    assert outcome["status"] == "ok" and outcome["records_uploaded"] == records, outcome["error"]
+    return peak
+
+
+def test_task_memory_stays_flat_with_1mb_values(bootstrap: str, large_values: str, tmp_path: Path):
+    baseline = pa.total_allocated_bytes()
+    small = _peak_arrow_memory(bootstrap, large_values, 16, tmp_path) - baseline
+    large = _peak_arrow_memory(bootstrap, large_values, 48, tmp_path) - baseline
+    # Bounded by the read batch (4 MB) plus one row group (8 MB) and their decoded copies, not by
+    # the 48 MB range: three times the records, about the same peak.
+    assert large < 32 * LARGE_VALUE_BYTES, (small, large)
+    assert large < small * 1.5 + 2 * LARGE_VALUE_BYTES, (small, large)

@@ -19,9 +19,9 @@ class Thresholds:
     records: int
     bytes: int
     interval_s: float
-    max_ranges_per_batch: int
-    # The first batch after a start holds one wave of tasks (one range per core), so the first
-    # commit, and readiness, come after seconds rather than after a whole backlog.
+    max_ranges_per_batch: int  # in files' worth of records: one partition's range may hold several
+    # The first batch after a start holds one wave of files (one per core), so the first commit,
+    # and readiness, come after seconds rather than after a whole backlog.
     first_batch_ranges: int | None = None
 
 
@@ -117,11 +117,3 @@ class Admission:
                 if end[tp] >= available[tp]:
                     self.arrivals.pop(tp, None)
         return end
-
-
-def split(topic: str, partition: int, start: int, end: int, max_records: int) -> list[Range]:
-    """Cut one partition's admitted offsets into ranges of at most `max_records` (one task each)."""
-    return [
-        Range(topic, partition, begin, min(begin + max_records, end))
-        for begin in range(start, end, max_records)
-    ]

@@ -20,8 +20,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit
 
-from sink_service.kafka_source.admission import Admission, Range, Thresholds, split
-from sink_service.kafka_source.offsets import KafkaOffsets, TopicSelection, flatten, nest
+from sink_service.kafka_source.admission import Admission, Range, Thresholds
+from sink_service.kafka_source.offsets import KafkaOffsets, OffsetGapError, TopicSelection, flatten, nest
 from sink_service.kafka_source.range_reader import consumer_config, read_range
 from sink_service.partition_task import RESULT_SCHEMA_DDL, TaskSpec, process_range
 
@@ -48,6 +48,8 @@ class SourceOptions:
     max_files_per_batch: int
     first_batch_files: int  # the executor cores: one wave of tasks
     topic_refresh_interval_ms: int
+    retention_gap_policy: str
+    read_batch_max_bytes: int
     state_dir: str  # planner <-> driver hints (size estimates, pending state); never needed for correctness
     task: str  # the pickled TaskSpec (decode, Parquet and upload settings), base64
 
@@ -91,7 +93,6 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
         self.options = options
         self._offsets: KafkaOffsets | None = None  # created lazily: executors never need it
         self._admission: Admission | None = None
-        self._known: dict[tuple[str, int], int] = {}
         self._refreshed_at = 0.0
         self._estimates: dict[str, float] = {}
         self._estimates_read_at = 0.0
@@ -117,19 +118,23 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
         return self.options.starting_positions
 
     def _discover(self, start: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
-        """Add topics and partitions that appeared since the query started."""
+        """Start positions of topics and partitions that appeared since the query started.
+
+        They start at their committed offset, else at their earliest: records they held when
+        found were produced after the service started, whatever SINK_STARTING_OFFSETS says.
+        """
         now = time.monotonic()
         if now - self._refreshed_at < self.options.topic_refresh_interval_ms / 1000:
-            return start
+            return {}
         self._refreshed_at = now
         kafka = self._kafka()
         selection = TopicSelection(self.options.topics, self.options.topic_pattern)
         new = [tp for tp in kafka.partitions(selection) if tp not in start]
         if not new:
-            return start
-        positions = kafka.resolve_start(new, self.options.starting_offsets, "fail")
+            return {}
+        positions = kafka.resolve_start(new, "earliest", self.options.retention_gap_policy)
         log.info("discovered %d new partition(s): %s", len(new), positions)
-        return {**start, **positions}
+        return positions
 
     def _bytes_per_record(self) -> dict[str, float]:
         """Parquet bytes per record seen in past files; a hint for admission only."""
@@ -142,10 +147,14 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         kafka = self._kafka()
-        current = self._discover(flatten(start))
+        current = flatten(start)
+        found = self._discover(current)
         available = kafka.latest(current)
-        now = time.time()
-        end = self._admission.plan(current, available, now, self._bytes_per_record())
+        _check_log_ends(current, available)
+        end = self._admission.plan(current, available, time.time(), self._bytes_per_record())
+        # Spark reads this batch from the previous end offsets, which do not hold the partitions
+        # just found: they enter at their start position and are admitted from the next batch on.
+        end.update(found)
         self._publish_pending(current, available, end)
         return nest(end)
 
@@ -164,12 +173,15 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
             tmp.replace(path)
 
     def partitions(self, start: dict, end: dict) -> list[KafkaRangePartition]:
+        """One range, so one task, per admitted partition: its files are uploaded one at a time,
+        in offset order, and a replay resumes at the first file not uploaded. Parallelism comes
+        from partitions."""
         begin, finish = flatten(start), flatten(end)
-        ranges = []
-        for (topic, partition), stop in finish.items():
-            first = begin.get((topic, partition), stop)
-            ranges += split(topic, partition, first, stop, self.options.flush_records)
-        return [KafkaRangePartition(r) for r in ranges]
+        return [
+            KafkaRangePartition(Range(topic, partition, begin[(topic, partition)], stop))
+            for (topic, partition), stop in sorted(finish.items())
+            if (topic, partition) in begin and stop > begin[(topic, partition)]
+        ]
 
     def commit(self, end: dict) -> None:
         # Progress is committed to Kafka by the driver after upload, not here: Spark calls this
@@ -180,5 +192,21 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
     def read(self, partition: KafkaRangePartition) -> Iterator[pa.RecordBatch]:
         """One outcome row per range: the records themselves stay in this Python worker."""
         o = self.options
-        records = read_range(partition.range, consumer_config(o.client_config, o.group_id))
-        yield process_range(o.task_spec(), partition.range, records)
+        config = consumer_config(o.client_config, o.group_id)
+
+        def read(rng: Range) -> Iterator[pa.RecordBatch]:
+            return read_range(rng, config, o.read_batch_max_bytes)
+
+        yield process_range(o.task_spec(), partition.range, read)
+
+
+def _check_log_ends(positions: dict[tuple[str, int], int], ends: dict[tuple[str, int], int]) -> None:
+    """A log end below the position means truncation or a recreated topic: stop before it regrows.
+
+    The query fails; the next one resolves its start from the committed offsets, where the gap
+    is handled under SINK_RETENTION_GAP_POLICY.
+    """
+    behind = [f"topic={t} partition={p}: position {positions[(t, p)]} but the log ends at {end}"
+              for (t, p), end in sorted(ends.items()) if end < positions[(t, p)]]
+    if behind:
+        raise OffsetGapError("the log end moved backwards: " + "; ".join(behind))

@@ -20,8 +20,13 @@ TP = tuple[str, int]
 _TIMEOUT_S = 30.0
 
 
-class RetentionGapError(Exception):
-    """A committed offset points at records the broker has already deleted."""
+class OffsetGapError(Exception):
+    """A committed offset lies outside the partition's log: deleted by retention, or beyond its end.
+
+    Beyond the end happens when the log was truncated (unclean leader election) or the topic was
+    deleted and recreated under the same name: once the new log grows past the old position, the
+    offsets in between would be skipped without a word.
+    """
 
 
 @dataclass(frozen=True)
@@ -108,29 +113,47 @@ class KafkaOffsets:
             raise KafkaException(f"commit refused for {errors}")
 
     def resolve_start(self, tps: list[TP], starting: str, gap_policy: str) -> dict[TP, int]:
-        """Where each partition starts: its committed offset, else `starting`; checks retention."""
+        """Where each partition starts: its committed offset, else `starting`; checks the log's bounds.
+
+        A `latest` position is committed as soon as it is resolved: otherwise the next query (a
+        replay, a restart) would resolve it again to a newer end and skip what arrived meanwhile.
+        A committed offset outside [earliest, end] is a gap: `fail` raises `OffsetGapError` and
+        commits nothing; `skip` restarts the partition at its earliest available offset, commits
+        that and logs `RECORDS LOST`.
+        """
         committed = self.committed(tps)
         low = self.earliest(tps)
-        high = self.latest(tps) if starting == "latest" else {}
+        high = self.latest(tps)
         start: dict[TP, int] = {}
-        gaps = []
+        resolved: dict[TP, int] = {}
+        gaps: list[str] = []
         for tp in tps:
+            topic, partition = tp
             if tp not in committed:
                 start[tp] = high[tp] if starting == "latest" else low[tp]
-            elif committed[tp] < low[tp]:
-                gaps.append((tp, committed[tp], low[tp]))
-                start[tp] = low[tp]
+                if starting == "latest":
+                    resolved[tp] = start[tp]
+                continue
+            was = committed[tp]
+            if low[tp] <= was <= high[tp]:
+                start[tp] = was
+                continue
+            where = f"topic={topic} partition={partition}: committed offset {was} but "
+            if was < low[tp]:
+                where += f"the earliest available is {low[tp]}; {low[tp] - was} record(s) were deleted by retention"
             else:
-                start[tp] = committed[tp]
-        for (topic, partition), was, now in gaps:
-            where = f"topic={topic} partition={partition}: committed offset {was} but the earliest "
-            where += f"available is {now}; {now - was} record(s) were deleted by retention"
-            if gap_policy == "fail":
-                raise RetentionGapError(
-                    where + ". Nothing was skipped. To accept the loss and continue from the earliest "
-                    "available offset, set SINK_RETENTION_GAP_POLICY=skip."
-                )
-            log.error("RECORDS LOST: %s. Skipping ahead because SINK_RETENTION_GAP_POLICY=skip.", where)
-        if gaps:
-            self.commit({tp: now for tp, _, now in gaps})
+                where += (f"the log ends at {high[tp]}; the log was truncated or the topic deleted and "
+                          "recreated, and records past the end may have been lost")
+            gaps.append(where)
+            start[tp] = resolved[tp] = low[tp]
+        if gaps and gap_policy == "fail":
+            raise OffsetGapError(
+                "; ".join(gaps) + ". Nothing was skipped or committed. To accept the loss and continue from "
+                "the earliest available offset, set SINK_RETENTION_GAP_POLICY=skip."
+            )
+        for where in gaps:
+            log.error("RECORDS LOST: %s. Restarting from the earliest available offset because "
+                      "SINK_RETENTION_GAP_POLICY=skip.", where)
+        if resolved:
+            self.commit(resolved)
         return start

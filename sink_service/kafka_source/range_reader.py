@@ -67,8 +67,12 @@ def _batch(rng: Range, messages: list) -> pa.RecordBatch:
     )
 
 
-def read_range(rng: Range, config: Mapping[str, object]) -> Iterator[pa.RecordBatch]:
-    """Yield the records with offsets in [start, end) as Arrow batches of `RAW_SCHEMA`."""
+def read_range(rng: Range, config: Mapping[str, object], max_batch_bytes: int) -> Iterator[pa.RecordBatch]:
+    """Yield the records with offsets in [start, end) as Arrow batches of `RAW_SCHEMA`.
+
+    A batch holds at most `BATCH_RECORDS` records and, past its first record, at most
+    `max_batch_bytes` of keys and values: memory stays flat whether records are 100 B or 1 MB.
+    """
     consumer = _consumer(config)
     consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
     # Tens of thousands of message objects per batch would trigger the cyclic garbage collector
@@ -78,6 +82,7 @@ def read_range(rng: Range, config: Mapping[str, object]) -> Iterator[pa.RecordBa
     try:
         position = rng.start
         pending: list = []
+        pending_bytes = 0
         last_progress = time.monotonic()
         while position < rng.end:
             messages = consumer.consume(num_messages=min(BATCH_RECORDS, rng.end - position), timeout=1.0)
@@ -94,7 +99,12 @@ def read_range(rng: Range, config: Mapping[str, object]) -> Iterator[pa.RecordBa
                 if message.offset() >= rng.end:
                     position = rng.end
                     break
+                size = len(message.value() or b"") + len(message.key() or b"")
+                if pending and pending_bytes + size > max_batch_bytes:
+                    yield _batch(rng, pending)
+                    pending, pending_bytes = [], 0
                 pending.append(message)
+                pending_bytes += size
                 position = message.offset() + 1
             if messages:
                 last_progress = time.monotonic()
@@ -105,7 +115,7 @@ def read_range(rng: Range, config: Mapping[str, object]) -> Iterator[pa.RecordBa
                 )
             if len(pending) >= BATCH_RECORDS and position < rng.end:
                 yield _batch(rng, pending)
-                pending = []
+                pending, pending_bytes = [], 0
         tail = _batch(rng, pending) if pending else None
     finally:
         # Unassigned before the last batch is handed on: the caller decodes, writes and uploads
