@@ -25,6 +25,19 @@ def ems(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalEmsServer]:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def ems_last_upload(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalEmsServer]:
+    """A second endpoint where a later upload replaces a key's row whatever its order value.
+
+    Tests that crash or fault the service point SINK_EMS_ENDPOINT here: a partition's files that reach
+    it out of offset order leave an older row behind, which the shared endpoint would hide.
+    """
+    server = LocalEmsServer(tmp_path_factory.mktemp("ems-last-upload"), AUTHORIZATION, upsert_mode="last-upload")
+    server.start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def unique() -> Callable[[str], str]:
     """Topic, group and table names unique per test, so tests can share one broker and endpoint."""

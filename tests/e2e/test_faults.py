@@ -1,4 +1,9 @@
-"""Faults: kill -9 mid-stream, an endpoint outage, errors retrying cannot fix, poison records."""
+"""Faults: kill -9 mid-stream, an endpoint outage, errors retrying cannot fix, poison records.
+
+The kill -9 and outage tests deliver to the last-upload endpoint (a later file replaces a key's row
+whatever its order value): a partition's file that arrives after a newer one leaves older rows
+behind and fails them unless a later upload re-sends the newer versions.
+"""
 
 from __future__ import annotations
 
@@ -15,12 +20,14 @@ from tests.e2e.checks import all_committed, assert_ranges_cover, assert_table_ex
 pytestmark = pytest.mark.e2e
 
 
-def test_kill_minus_nine_twice_mid_stream_loses_nothing(bootstrap, ems, unique, service_env, services):
+def test_kill_minus_nine_twice_mid_stream_loses_nothing(bootstrap, ems_last_upload, unique, service_env, services):
+    ems = ems_last_upload
     topic, group = unique("crash"), unique("group")
     create_topics(bootstrap, {topic: 3})
     workload = Workload()
     produce_orders(bootstrap, topic, keys=6000, updates=5, workload=workload)
-    env = service_env(topic, group, SINK_FLUSH_RECORDS=1000, SINK_MAX_FILES_PER_BATCH=3)
+    env = service_env(topic, group, SINK_EMS_ENDPOINT=ems.items_url(), SINK_FLUSH_RECORDS=1000,
+                      SINK_MAX_FILES_PER_BATCH=3)
     total = sum(end_offsets(bootstrap, topic, 3).values())
 
     def committed() -> int:
@@ -41,11 +48,13 @@ def test_kill_minus_nine_twice_mid_stream_loses_nothing(bootstrap, ems, unique, 
     assert_ranges_cover(ems, topic, end_offsets(bootstrap, topic, 3), allow_replays=True)
 
 
-def test_endpoint_outage_commits_nothing_then_delivers_everything(bootstrap, ems, unique, service_env, services):
+def test_endpoint_outage_commits_nothing_then_delivers_everything(bootstrap, ems_last_upload, unique, service_env,
+                                                                  services):
+    ems = ems_last_upload
     topic, group = unique("outage"), unique("group")
     create_topics(bootstrap, {topic: 3})
-    env = service_env(topic, group, SINK_FLUSH_RECORDS=1000, SINK_UPLOAD_RETRY_BUDGET_MS=3000,
-                      SINK_RESTART_BACKOFF_MAX_MS=4000)
+    env = service_env(topic, group, SINK_EMS_ENDPOINT=ems.items_url(), SINK_FLUSH_RECORDS=1000,
+                      SINK_UPLOAD_RETRY_BUDGET_MS=3000, SINK_RESTART_BACKOFF_MAX_MS=4000)
     port = int(env["SINK_HTTP_PORT"])
     service = services(env)
     wait_until(lambda: (service.readiness(port) or (0,))[0] == 200, 120, "the service to be ready", process=service)
