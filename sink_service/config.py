@@ -8,8 +8,10 @@ masked startup dump and the README's configuration reference.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import ipaddress
 import re
+import ssl
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -18,9 +20,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sink_service.ddl import DdlError, parse_ddl
+from uploader.masking import mask_userinfo
 
 MASK = "*****"
 KAFKA_PASSTHROUGH_PREFIX = "SINK_KAFKA_"
+# SINK_* names that are not settings: the test harness's broker choice (devkit/brokers.py). A
+# developer's shell may export them while it also runs the service or `python -m uploader`.
+NON_SETTING_NAMES = frozenset({"SINK_TEST_BROKER", "SINK_TEST_BOOTSTRAP"})
 _SECRET_WORDS = ("PASSWORD", "SECRET", "TOKEN", "CREDENTIAL")
 _SENSITIVE_KAFKA_OPTIONS = frozenset({
     "ssl.key.pem", "ssl.certificate.pem", "ssl.keystore.password", "ssl.key.password",
@@ -175,8 +181,13 @@ class SinkConfig:
         "the same object.", "", group="Target")
     s3_endpoint_url: str | None = setting(
         "SINK_S3_ENDPOINT_URL", "Endpoint of an S3-compatible store that is not AWS (MinIO, Ceph, "
-        "...), e.g. `https://minio.internal:9000`; path-style addressing is used with it. Empty: AWS.",
-        group="Target")
+        "...), e.g. `https://minio.internal:9000`; path-style addressing is used with it. Empty: AWS. "
+        "Plain http only to loopback, unless `SINK_S3_ALLOW_HTTP=true`.", group="Target")
+    s3_allow_http: bool = setting(
+        "SINK_S3_ALLOW_HTTP", "Accept a plain `http://` `SINK_S3_ENDPOINT_URL` to a host that is not "
+        "loopback. Dangerous: every file then crosses the network unencrypted, readable and alterable by "
+        "anyone on the path, and a captured signed request can be replayed for minutes. Only for a "
+        "store on a trusted, isolated network.", False, group="Target")
     s3_region: str | None = setting(
         "SINK_S3_REGION", "Region of the bucket. Empty: boto3's default (`AWS_REGION`, "
         "`AWS_DEFAULT_REGION` or the profile).", group="Target")
@@ -189,6 +200,12 @@ class SinkConfig:
         "named like S3 objects, `<path>/<topic>/<partition>/<first>-<last>.parquet`, and written "
         "atomically (temporary `.<name>.tmp-<id>` file, fsync, rename). On a cluster every executor "
         "must see the same directory.", group="Target")
+    tls_ca_bundle: str | None = setting(
+        "SINK_TLS_CA_BUNDLE", "PEM file of the CA certificates that upload TLS connections (EMS, its "
+        "proxy, S3) are verified against, for endpoints with a private or self-signed CA. It replaces "
+        "the default CA store, so include every CA needed. Checked at startup; on a cluster every "
+        "executor must see the same file. Empty: the system's CAs (and `REQUESTS_CA_BUNDLE`/"
+        "`AWS_CA_BUNDLE`). Kafka has its own: `SINK_KAFKA_SSL_CA_LOCATION`.", group="Target")
     upload_timeout_ms: int = setting(
         "SINK_UPLOAD_TIMEOUT_MS", "Timeout of one upload request.", 60_000, minimum=100,
         group="Target")
@@ -240,11 +257,16 @@ class SinkConfig:
         dump: dict[str, Any] = {}
         for f in declared_fields():
             value = getattr(self, f.name)
-            dump[f.metadata["env"]] = MASK if f.metadata["secret"] and value else value
+            dump[f.metadata["env"]] = MASK if f.metadata["secret"] and value else _unless_in_url(value)
         for name, value in sorted(self.kafka_options.items()):
             env = KAFKA_PASSTHROUGH_PREFIX + name.upper().replace(".", "_")
-            dump[env] = MASK if is_secret_kafka_option(name) else value
+            dump[env] = MASK if is_secret_kafka_option(name) else _unless_in_url(value)
         return dump
+
+
+def _unless_in_url(value: Any) -> Any:
+    """Credentials written into any URL-shaped text (`http://user:pass@proxy:3128`) are masked."""
+    return mask_userinfo(value, MASK) if isinstance(value, str) else value
 
 
 def declared_fields() -> list[dataclasses.Field]:
@@ -285,6 +307,10 @@ def _parse_value(f: dataclasses.Field, raw: str) -> Any:
     meta = f.metadata
     if kind is tuple:
         return tuple(part.strip() for part in raw.split(",") if part.strip())
+    if kind is bool:
+        if raw.strip().lower() not in ("true", "false"):
+            raise ValueError(f"must be true or false, got {raw!r}")
+        return raw.strip().lower() == "true"
     if kind is int:
         try:
             value = int(raw.strip())
@@ -320,11 +346,27 @@ def load_config(environ: Mapping[str, str], *, scope: str = "service") -> SinkCo
             shown = MASK if f.metadata["secret"] else raw
             problems.append(f"{f.metadata['env']}={shown!s}: {exc}")
     values["kafka_options"] = kafka_passthrough(environ)
+    problems.extend(_unknown_names(environ))
     config = SinkConfig(**values)
     problems.extend(problem for check in checks for problem in check(config))
     if problems:
         raise ConfigError(problems)
     return config
+
+
+def _unknown_names(environ: Mapping[str, str]) -> list[str]:
+    """A misspelt name would otherwise run silently on the default. Values are not shown: a
+    misspelt secret setting still holds the secret."""
+    known = sorted(_declared_envs())
+    problems = []
+    for name in sorted(environ):
+        if (not name.startswith("SINK_") or name.startswith(KAFKA_PASSTHROUGH_PREFIX)
+                or name in known or name in NON_SETTING_NAMES):
+            continue
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"; did you mean {close[0]}?" if close else "; see the configuration reference"
+        problems.append(f"{name} is not a setting (value not shown){hint}")
+    return problems
 
 
 # --- Cross-field checks: each returns a list of problems ----------------------------------------
@@ -367,7 +409,7 @@ def _check_target(c: SinkConfig) -> list[str]:
     else:
         url = urlsplit(c.ems_endpoint)
         if url.scheme not in ("https", "http") or not url.hostname:
-            problems.append(f"SINK_EMS_ENDPOINT must be an https:// URL, got {c.ems_endpoint!r}.")
+            problems.append(f"SINK_EMS_ENDPOINT must be an https:// URL, got {mask_userinfo(c.ems_endpoint, MASK)!r}.")
         elif url.scheme == "http" and not _is_loopback(url.hostname):
             problems.append("SINK_EMS_ENDPOINT must use https; plain http is allowed only to a "
                             "loopback address (127.0.0.1, ::1, localhost).")
@@ -399,7 +441,22 @@ def _check_s3(c: SinkConfig) -> list[str]:
         elif url.password is not None:
             problems.append("SINK_S3_ENDPOINT_URL must not contain credentials (value not shown); "
                             "use boto3's credential chain, e.g. AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY.")
+        elif url.scheme == "http" and not (c.s3_allow_http or _is_loopback(url.hostname)):
+            problems.append("SINK_S3_ENDPOINT_URL uses plain http to a host that is not loopback, so files "
+                            "would cross the network unencrypted; use https, or set SINK_S3_ALLOW_HTTP=true "
+                            "if the network is trusted.")
     return problems
+
+
+def _check_tls(c: SinkConfig) -> list[str]:
+    """A wrong CA path would otherwise surface only at the first upload, on an executor."""
+    if not c.tls_ca_bundle:
+        return []
+    try:
+        ssl.create_default_context(cafile=c.tls_ca_bundle)
+    except (OSError, ssl.SSLError) as exc:  # missing, unreadable, a directory, or no PEM certificate
+        return [f"SINK_TLS_CA_BUNDLE={c.tls_ca_bundle} is not a readable PEM file of CA certificates: {exc}."]
+    return []
 
 
 def _check_records(c: SinkConfig) -> list[str]:
@@ -422,7 +479,7 @@ def _check_records(c: SinkConfig) -> list[str]:
     return problems
 
 
-_CHECKS: tuple[Callable[[SinkConfig], list[str]], ...] = (_check_kafka, _check_target, _check_records)
+_CHECKS: tuple[Callable[[SinkConfig], list[str]], ...] = (_check_kafka, _check_target, _check_tls, _check_records)
 
 
 def reference_markdown() -> str:
@@ -437,6 +494,8 @@ def reference_markdown() -> str:
         default = f.default
         if isinstance(default, tuple):
             default = ",".join(default)
+        if isinstance(default, bool):
+            default = str(default).lower()
         shown = "" if default in (None, "") else f"`{default}`"
         doc = meta["doc"]
         if meta["choices"]:

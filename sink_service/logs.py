@@ -1,4 +1,4 @@
-"""Logging: one line per event, secrets scrubbed from every message as a last line of defence."""
+"""Logging: one line per event, secrets scrubbed from every message and field as a last line of defence."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ import logging
 import sys
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from sink_service.config import MASK
+from uploader.masking import mask_userinfo
 
 
 class SecretScrubber(logging.Filter):
-    """Replaces any configured secret value that reaches a log record, however it got there."""
+    """Replaces any configured secret value, and any credential written into a URL, that reaches a
+    log record, however it got there: message, arguments, exception text or `extra={"fields": ...}`."""
 
     def __init__(self, secrets: Iterable[str]):
         super().__init__()
@@ -26,7 +29,20 @@ class SecretScrubber(logging.Filter):
     def scrub(self, text: str) -> str:
         for secret in self._secrets:
             text = text.replace(secret, MASK)
-        return text
+        return mask_userinfo(text, MASK)
+
+    def scrub_value(self, value: Any) -> Any:
+        """A structured field, scrubbed throughout; anything but JSON scalars becomes its scrubbed str(),
+        which is how the JSON formatter would print it anyway."""
+        if isinstance(value, str):
+            return self.scrub(value)
+        if value is None or isinstance(value, bool | int | float):
+            return value
+        if isinstance(value, dict):
+            return {self.scrub(str(k)): self.scrub_value(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.scrub_value(v) for v in value]
+        return self.scrub(str(value))
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
@@ -38,6 +54,8 @@ class SecretScrubber(logging.Filter):
         if record.exc_info:
             record.exc_text = self.scrub(logging.Formatter().formatException(record.exc_info))
             record.exc_info = None
+        if hasattr(record, "fields"):
+            record.fields = self.scrub_value(record.fields)
         return True
 
 

@@ -26,6 +26,7 @@ def target_settings(config: SinkConfig) -> TargetSettings:
             endpoint_url=config.s3_endpoint_url,
             region=config.s3_region,
             part_size=config.s3_multipart_part_size,
+            ca_bundle=config.tls_ca_bundle,
             request_timeout_s=timeout_s,
             retry=retry,
         )
@@ -42,6 +43,7 @@ def target_settings(config: SinkConfig) -> TargetSettings:
         proxy_url=config.ems_proxy_url,
         proxy_username=config.ems_proxy_username,
         proxy_password=config.ems_proxy_password,
+        ca_bundle=config.tls_ca_bundle,
         request_timeout_s=timeout_s,
         retry=retry,
     )

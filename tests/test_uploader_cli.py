@@ -149,7 +149,7 @@ def test_dry_run_prints_the_request_with_the_credential_masked(ems, parquet_file
     assert request["headers"]["Authorization"] == "AppKey ***"
     assert request["file_name"] == FILE_NAME
     assert request["file_size"] == parquet_file.stat().st_size
-    assert request["proxy"] == "http://svc:***@proxy.local:3128"
+    assert request["proxy"] == "http://***@proxy.local:3128"
     assert described["metadata"]["record_count"] == 3
     assert_no_secret(result.stdout, result.stderr)
     assert ems.uploads() == []  # nothing was sent
@@ -161,6 +161,14 @@ def test_configuration_errors_exit_2_without_kafka_settings(parquet_file):
     assert "SINK_EMS_ENDPOINT" in result.stderr
     assert "KAFKA" not in result.stderr
     assert_no_secret(result.stderr)
+
+
+def test_a_misspelt_setting_exits_2_naming_the_closest_one(tmp_path, parquet_file):
+    env = {"SINK_TARGET": "dir", "SINK_DIR_PATH": str(tmp_path / "out"), "SINK_PRIMARY_KEY": "id"}
+    code, _, err = run_main("push", str(parquet_file), env=env)
+    assert code == 2
+    assert "SINK_PRIMARY_KEY is not a setting" in err and "SINK_PRIMARY_KEYS" in err
+    assert not (tmp_path / "out").exists()
 
 
 # --- in-process: arguments, metadata, S3 -------------------------------------------------------------

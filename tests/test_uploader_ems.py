@@ -274,7 +274,7 @@ def test_describe_request_masks_the_credential(stub, parquet_file):
     assert described["headers"]["Authorization"] == "AppKey ***"
     assert described["file_name"] == "topic-orders_partition-3_firstOffset-10_lastOffset-12.parquet"
     assert described["file_size"] == parquet_file.stat().st_size
-    assert described["proxy"] == "http://u:***@proxy.local:3128"
+    assert described["proxy"] == "http://***@proxy.local:3128"
     assert_no_secret(json.dumps(described))
     assert not stub.seen
 

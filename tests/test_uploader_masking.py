@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from uploader.masking import authorization_secrets, mask_authorization, mask_url_password, redact
+from uploader.masking import authorization_secrets, mask_authorization, mask_userinfo, redact
 from uploader.proxy import proxy_url_with_credentials, requests_proxies
 
 
@@ -15,10 +15,20 @@ def test_mask_authorization_keeps_the_scheme_word():
     assert mask_authorization("") == ""
 
 
-def test_mask_url_password():
-    assert mask_url_password("http://u:p%40ss@proxy:3128") == "http://u:***@proxy:3128"
-    assert mask_url_password("http://proxy:3128") == "http://proxy:3128"
-    assert mask_url_password(None) is None
+def test_mask_userinfo_hides_the_whole_userinfo_and_keeps_where():
+    assert mask_userinfo("http://u:p%40ss@proxy:3128") == "http://***@proxy:3128"
+    assert mask_userinfo("https://token-only@[::1]:9000/bucket?x=a@b") == "https://***@[::1]:9000/bucket?x=a@b"
+    assert mask_userinfo("http://proxy:3128/path@x") == "http://proxy:3128/path@x"
+    assert mask_userinfo("k8s://https://admin:pw@api:6443", mask="*") == "k8s://https://*@api:6443"
+
+
+def test_mask_userinfo_hides_an_unencoded_at_sign_in_a_password():
+    # urlsplit takes the host after the last "@"; so must the mask, or "ss" would stay visible.
+    assert mask_userinfo("proxy http://u:p@ss@proxy:3128 failed") == "proxy http://***@proxy:3128 failed"
+
+
+def test_redact_masks_credentials_in_urls_it_was_not_told_about():
+    assert redact("ProxyError('http://svc:unlisted-pw@proxy:3128')", []) == "ProxyError('http://***@proxy:3128')"
 
 
 def test_redact_covers_plain_and_percent_encoded_forms():

@@ -20,8 +20,10 @@ from uploader.errors import FatalUploadError, RetryableUploadError, UploadError
 from uploader.masking import redact
 
 BODY_LIMIT = 500
+CA_BUNDLE_SETTING = "SINK_TLS_CA_BUNDLE"
 _DELAY_SECONDS = re.compile(r"\s*(\d+(?:\.\d+)?)\s*")
-# Order matters: ConnectTimeout is also a ConnectionError, ProxyError and SSLError are too.
+# Order matters: ConnectTimeout is also a ConnectionError, ProxyError and SSLError are too. An
+# SSLError from a certificate that does not verify is caught before these (see certificate_error).
 _TRANSIENT: tuple[tuple[type[requests.RequestException], str], ...] = (
     (requests.exceptions.Timeout, "timeout"),
     (requests.exceptions.ProxyError, "proxy"),
@@ -109,6 +111,25 @@ def error_for_status(
     )
 
 
+def is_certificate_failure(exc: BaseException) -> bool:
+    """The peer's certificate did not verify (OpenSSL's reason, as requests and botocore both quote it).
+
+    Unlike a handshake cut short by the network, retrying cannot help: a CA or the URL must change.
+    """
+    return "CERTIFICATE_VERIFY_FAILED" in str(exc)
+
+
+def certificate_error(what: str, detail: str, url_setting: str) -> FatalUploadError:
+    return FatalUploadError(
+        f"{what}: the endpoint's TLS certificate could not be verified; this will not be retried. If the "
+        f"endpoint (or an https proxy) uses a private or self-signed CA, set {CA_BUNDLE_SETTING} to a PEM "
+        f"file holding that CA's certificate; otherwise check that the host in {url_setting} matches the "
+        f"certificate. ({detail})",
+        reason="tls_verify",
+        setting=CA_BUNDLE_SETTING,
+    )
+
+
 def error_for_exception(
     exc: requests.RequestException,
     *,
@@ -129,6 +150,8 @@ def error_for_exception(
             reason="proxy_auth",
             setting=proxy_setting,
         )
+    if is_certificate_failure(exc):  # an SSLError, or a ProxyError when an https proxy's certificate fails
+        return certificate_error(what, detail, url_setting)
     for kind, reason in _TRANSIENT:
         if isinstance(exc, kind):
             return RetryableUploadError(f"{what} failed: {detail}", reason=reason)

@@ -6,7 +6,8 @@ header passed verbatim and one multipart part named `file`. 200 returns a JSON r
 
 Proxy: an explicit `proxy_url` is passed on every request and wins over HTTP(S)_PROXY/NO_PROXY from
 the environment. Without it, requests' usual environment handling applies (HTTPS_PROXY, NO_PROXY,
-REQUESTS_CA_BUNDLE), which is what container platforms expect. ~/.netrc is never consulted: the
+REQUESTS_CA_BUNDLE), which is what container platforms expect. An explicit `ca_bundle`
+(SINK_TLS_CA_BUNDLE) likewise wins over REQUESTS_CA_BUNDLE. ~/.netrc is never consulted: the
 Authorization header is attached by our own auth hook, so netrc cannot replace it.
 """
 
@@ -30,7 +31,7 @@ from uploader.classify import (
     parse_retry_after,
 )
 from uploader.errors import FatalUploadError
-from uploader.masking import MASK, authorization_secrets, mask_authorization, mask_url_password, redact
+from uploader.masking import MASK, authorization_secrets, mask_authorization, mask_userinfo, redact
 from uploader.multipart import MultipartFileBody
 from uploader.proxy import PROXY_SETTING, proxy_url_with_credentials, requests_proxies
 from uploader.retry import OnRetry, RetryPolicy, call_with_retries
@@ -89,6 +90,7 @@ class EmsSettings:
     proxy_url: str | None = None  # http://, https://, socks5:// (needs PySocks); may hold user:pass
     proxy_username: str | None = None
     proxy_password: str | None = None
+    ca_bundle: str | None = None  # PEM file to verify the endpoint and proxy against; None: default CAs
     request_timeout_s: float = 60.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
@@ -131,8 +133,8 @@ class EmsSettings:
                 value = mask_authorization(value)
             elif f.name == "proxy_password" and value is not None:
                 value = MASK
-            elif f.name == "proxy_url":
-                value = mask_url_password(value)
+            elif f.name == "proxy_url" and value:
+                value = mask_userinfo(value)
             shown.append(f"{f.name}={value!r}")
         return f"EmsSettings({', '.join(shown)})"
 
@@ -161,6 +163,8 @@ class EmsTarget:
         proxy_url = settings.effective_proxy_url()
         self._proxies = requests_proxies(proxy_url) if proxy_url else None
         self._auth = _VerbatimAuth(settings.authorization)
+        # Per request, not on the session: a session passed in belongs to the caller.
+        self._verify: str | bool = settings.ca_bundle or True
         self._secrets = settings.secrets()
         if not settings.authorization.startswith(("AppKey ", "Bearer ")):
             log.warning(
@@ -230,7 +234,8 @@ class EmsTarget:
             "file_content_type": FILE_CONTENT_TYPE,
             "file_path": str(path),
             "file_size": path.stat().st_size,
-            "proxy": mask_url_password(proxy_url),
+            "proxy": proxy_url and mask_userinfo(proxy_url),
+            "ca_bundle": self.settings.ca_bundle,
             "timeout_s": self.settings.request_timeout_s,
             "retry": dataclasses.asdict(self.settings.retry),
         }
@@ -259,6 +264,7 @@ class EmsTarget:
                     auth=self._auth,
                     timeout=self.settings.request_timeout_s,
                     proxies=self._proxies,
+                    verify=self._verify,
                     # A redirect would drop the body or the credential; better to say so plainly.
                     allow_redirects=False,
                 )

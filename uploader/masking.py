@@ -6,11 +6,15 @@ redaction is applied to any text that came from outside, not only to our own for
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote
 
 MASK = "***"
 _MIN_SECRET_LEN = 4  # shorter strings would blank out ordinary words
+# `scheme://userinfo@`: up to the last "@" before the path, as urlsplit reads it, so an unencoded
+# "@" inside a password cannot leave its tail visible.
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
 
 
 def mask_authorization(value: str) -> str:
@@ -21,25 +25,23 @@ def mask_authorization(value: str) -> str:
     return f"{scheme} {MASK}" if sep else MASK
 
 
-def mask_url_password(url: str | None) -> str | None:
-    """Show who and where, hide the password, e.g. http://user:***@proxy:3128."""
-    if not url:
-        return url
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:{MASK}@{host}"))
+def mask_userinfo(text: str, mask: str = MASK) -> str:
+    """Hide every credential written into a URL, keeping scheme, host and port: http://***@proxy:3128.
+
+    The whole userinfo goes, not only the password: `https://<token>@host` carries its secret in the
+    user part.
+    """
+    return _URL_USERINFO.sub(lambda match: f"{match['scheme']}{mask}@", text)
 
 
 def redact(text: str, secrets: Iterable[str | None]) -> str:
-    """Replace each secret, and its percent-encoded form, wherever it appears in `text`."""
+    """Replace each secret, and its percent-encoded form, wherever it appears in `text`; mask URL userinfo."""
     for secret in secrets:
         if not secret or len(secret) < _MIN_SECRET_LEN:
             continue
         for form in {secret, quote(secret, safe="")}:
             text = text.replace(form, MASK)
-    return text
+    return mask_userinfo(text)
 
 
 def authorization_secrets(value: str) -> tuple[str, ...]:

@@ -40,9 +40,16 @@ import botocore.exceptions
 from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 
-from uploader.classify import BODY_LIMIT, FatalHint, is_retryable_status, parse_retry_after
+from uploader.classify import (
+    BODY_LIMIT,
+    FatalHint,
+    certificate_error,
+    is_certificate_failure,
+    is_retryable_status,
+    parse_retry_after,
+)
 from uploader.errors import FatalUploadError, RetryableUploadError, UploadError
-from uploader.masking import mask_url_password
+from uploader.masking import mask_userinfo
 from uploader.retry import OnRetry, RetryPolicy, call_with_retries
 from uploader.target import FileMetadata, Receipt
 
@@ -130,6 +137,7 @@ class S3Settings:
     part_size: int = DEFAULT_PART_SIZE  # multipart threshold and part size, bytes
     request_timeout_s: float = 60.0  # connect and read timeout of one HTTP request
     request_attempts: int = 3  # botocore's own attempts per HTTP request (see the module docstring)
+    ca_bundle: str | None = None  # PEM file to verify the endpoint against; None: boto3's default CAs
     retry: RetryPolicy = field(default_factory=RetryPolicy)  # whole-file retries
 
     def __post_init__(self) -> None:
@@ -156,8 +164,8 @@ class S3Settings:
         shown = []
         for f in dataclasses.fields(self):
             value: Any = getattr(self, f.name)
-            if f.name == "endpoint_url":
-                value = mask_url_password(value)
+            if f.name == "endpoint_url" and value:
+                value = mask_userinfo(value)
             shown.append(f"{f.name}={value!r}")
         return f"S3Settings({', '.join(shown)})"
 
@@ -182,7 +190,9 @@ def s3_client(settings: S3Settings) -> Any:
         options["request_checksum_calculation"] = "when_required"
         options["response_checksum_validation"] = "when_required"
     session = boto3.session.Session()
-    return session.client("s3", endpoint_url=settings.endpoint_url, config=botocore.config.Config(**options))
+    return session.client(
+        "s3", endpoint_url=settings.endpoint_url, verify=settings.ca_bundle, config=botocore.config.Config(**options)
+    )
 
 
 def object_metadata(metadata: FileMetadata) -> dict[str, str]:
@@ -274,7 +284,7 @@ class S3Target:
         multipart = size >= self.settings.part_size
         return {
             "method": "multipart upload" if multipart else "PUT",
-            "endpoint_url": mask_url_password(self._client.meta.endpoint_url),
+            "endpoint_url": mask_userinfo(self._client.meta.endpoint_url),
             "region": self._client.meta.region_name,
             "bucket": self.settings.bucket,
             "key": key,
@@ -286,6 +296,7 @@ class S3Target:
             "part_size": self.settings.part_size,
             "parts": max(1, math.ceil(size / self.settings.part_size)) if multipart else 1,
             "credentials": "boto3 default chain (environment, profile, web identity, instance/pod role)",
+            "ca_bundle": self.settings.ca_bundle,
             "timeout_s": self.settings.request_timeout_s,
             "retry": dataclasses.asdict(self.settings.retry),
         }
@@ -337,6 +348,8 @@ def classify_error(exc: BaseException, *, what: str) -> UploadError:
     if isinstance(exc, botocore.exceptions.ClientError):
         return _error_for_client_error(exc, what)
     detail = _short(f"{type(exc).__name__}: {exc}")
+    if is_certificate_failure(exc):  # SSLError, or ProxyConnectionError through an https proxy
+        return certificate_error(what, detail, ENDPOINT_URL_SETTING)
     if isinstance(exc, _TRANSIENT_ERRORS):
         reason = "timeout" if "timeout" in type(exc).__name__.lower() else "connection"
         return RetryableUploadError(f"{what} failed: {detail}", reason=reason)

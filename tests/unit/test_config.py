@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from sink_service.config import (
     MASK,
+    NON_SETTING_NAMES,
     ConfigError,
     SinkConfig,
     declared_fields,
@@ -300,3 +306,141 @@ def test_pass_through_options_librdkafka_marks_sensitive_are_masked(name):
     dump = config.masked()
     assert dump[name] == MASK
     assert value not in repr(dump)
+
+
+# --- credentials inside URL-valued settings -------------------------------------------------------
+
+URL_CREDENTIAL = "url-pass-word-4711"
+
+
+@pytest.mark.parametrize("name, url, shown", [
+    ("SINK_EMS_PROXY_URL", f"http://proxy-user:{URL_CREDENTIAL}@proxy.corp:3128",
+     f"http://{MASK}@proxy.corp:3128"),
+    ("SINK_EMS_ENDPOINT", f"https://svc:{URL_CREDENTIAL}@team.realm.celonis.cloud/api/v1/p/items",
+     f"https://{MASK}@team.realm.celonis.cloud/api/v1/p/items"),
+    ("SINK_SPARK_MASTER", f"spark://admin:{URL_CREDENTIAL}@master:7077", f"spark://{MASK}@master:7077"),
+    # Any pass-through value; (a name with TOKEN in it, like the real token endpoint URL, is masked whole).
+    ("SINK_KAFKA_EXAMPLE_URL", f"https://client:{URL_CREDENTIAL}@idp.corp/x", f"https://{MASK}@idp.corp/x"),
+])
+def test_masked_dump_hides_credentials_written_into_urls(name, url, shown):
+    dump = load_config(env(**{name: url})).masked()
+    assert dump[name] == shown  # scheme, host and port stay visible
+    assert URL_CREDENTIAL not in repr(dump)
+
+
+def test_masked_dump_hides_a_user_name_only_credential_in_the_s3_endpoint():
+    # `https://<access key>@host` carries no password, but the user part is still a credential.
+    config = load_config(env(SINK_TARGET="s3", SINK_S3_BUCKET="lake",
+                             SINK_S3_ENDPOINT_URL=f"https://{URL_CREDENTIAL}@minio.internal:9000"))
+    assert config.masked()["SINK_S3_ENDPOINT_URL"] == f"https://{MASK}@minio.internal:9000"
+
+
+def test_every_text_setting_is_masked_when_it_holds_a_url_with_credentials():
+    # Guards settings added later: any text value shaped like a URL with userinfo is masked.
+    config = load_config(MINIMAL)
+    url = f"https://someone:{URL_CREDENTIAL}@host.example:8443/x"
+    text_fields = [f.name for f in declared_fields() if isinstance(getattr(config, f.name), str)]
+    dump = dataclasses.replace(config, **dict.fromkeys(text_fields, url)).masked()
+    assert URL_CREDENTIAL not in repr(dump) and "someone" not in repr(dump)
+
+
+def test_config_error_does_not_show_credentials_of_a_bad_url():
+    problems = problems_of(env(SINK_EMS_ENDPOINT=f"ftp://u:{URL_CREDENTIAL}@example.com/items"))
+    assert any("SINK_EMS_ENDPOINT" in p for p in problems)
+    assert URL_CREDENTIAL not in "\n".join(problems)
+
+
+# --- plain-http S3 endpoints ----------------------------------------------------------------------
+
+S3 = {"SINK_TARGET": "s3", "SINK_S3_BUCKET": "lake"}
+
+
+@pytest.mark.parametrize("url", [
+    "http://127.0.0.1:9000", "http://127.8.0.1:9000", "http://localhost:9000", "http://[::1]:9000",
+    "https://minio.internal:9000",
+])
+def test_s3_endpoint_over_http_is_accepted_for_loopback(url):
+    assert load_config(env(**S3, SINK_S3_ENDPOINT_URL=url)).s3_endpoint_url == url
+
+
+@pytest.mark.parametrize("url", ["http://minio.internal:9000", "http://10.0.0.5:9000", "http://localhost.evil.com"])
+def test_s3_endpoint_over_http_to_another_host_is_a_problem_naming_both_settings(url):
+    problems = problems_of(env(**S3, SINK_S3_ENDPOINT_URL=url))
+    assert len(problems) == 1
+    assert "SINK_S3_ENDPOINT_URL" in problems[0] and "SINK_S3_ALLOW_HTTP" in problems[0]
+
+
+def test_s3_allow_http_accepts_plain_http_to_any_host():
+    config = load_config(env(**S3, SINK_S3_ENDPOINT_URL="http://minio.internal:9000", SINK_S3_ALLOW_HTTP="true"))
+    assert config.s3_allow_http is True
+    assert load_config(env(**S3)).s3_allow_http is False
+
+
+def test_s3_allow_http_must_be_true_or_false():
+    problems = problems_of(env(**S3, SINK_S3_ALLOW_HTTP="yes"))
+    assert len(problems) == 1
+    assert problems[0].startswith("SINK_S3_ALLOW_HTTP=yes") and "true" in problems[0]
+
+
+# --- unknown SINK_* names -------------------------------------------------------------------------
+
+def test_a_misspelt_setting_is_reported_with_the_closest_known_name():
+    problems = problems_of(env(SINK_FLUSH_RECRODS="5"))
+    assert len(problems) == 1
+    assert "SINK_FLUSH_RECRODS" in problems[0] and "SINK_FLUSH_RECORDS" in problems[0]
+
+
+def test_unknown_names_are_listed_with_all_other_problems():
+    problems = problems_of(env(SINK_FLUSH_RECRODS="5", SINK_TOTALLY_NEW="x", SINK_FLUSH_BYTES="10"))
+    assert len(problems) == 3
+    assert any(p.startswith("SINK_FLUSH_BYTES=10") for p in problems)
+    assert any("SINK_TOTALLY_NEW" in p for p in problems)
+
+
+def test_the_value_of_an_unknown_name_is_never_shown():
+    # A misspelt secret setting still holds the secret.
+    problems = problems_of(env(SINK_EMS_AUTHORISATION="AppKey misspelt-but-secret-42"))
+    assert "SINK_EMS_AUTHORIZATION" in problems[0]
+    assert "misspelt-but-secret-42" not in "\n".join(problems)
+
+
+def test_kafka_pass_through_names_are_not_checked_against_the_declarations():
+    config = load_config(env(SINK_KAFKA_SASL_MECHANISMS="PLAIN"))
+    assert config.kafka_options == {"sasl.mechanisms": "PLAIN"}
+
+
+@pytest.mark.parametrize("scope", ["service", "target"])
+def test_the_test_harness_names_are_not_settings_and_not_problems(scope):
+    names = {"SINK_TEST_BROKER": "noida", "SINK_TEST_BOOTSTRAP": "127.0.0.1:9092"}
+    load_config(env(**names), scope=scope)
+
+
+def test_unknown_names_are_problems_in_the_uploader_scope_too():
+    problems = problems_of_scope({"SINK_TARGET": "dir", "SINK_DIR_PATH": "/tmp/x", "SINK_DIR_PATHS": "/tmp/y"})
+    assert problems == [problems[0]] and "SINK_DIR_PATH" in problems[0]
+
+
+def problems_of_scope(environ: dict[str, str]) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(environ, scope="target")
+    return info.value.problems
+
+
+def test_every_sink_variable_the_project_reads_is_declared_or_a_known_non_setting():
+    # The service and `python -m uploader` read os.environ whole; a SINK_ name the project itself
+    # reads or sets (devkit, bench, scripts) must not turn into a startup error.
+    pattern = re.compile(r"""environ(?:\.get\(|\[|\.setdefault\()\s*["'](SINK_[A-Z0-9_]+)["']""")
+    root = Path(__file__).resolve().parents[2]
+    sources = [p for p in root.rglob("*.py") if ".venv" not in p.parts] + sorted(root.glob("scripts/*"))
+    read = {name for path in sources if path.is_file() for name in pattern.findall(path.read_text(errors="replace"))}
+    assert {"SINK_TEST_BROKER", "SINK_TEST_BOOTSTRAP"} <= read  # the scan finds what it looks for
+    known = {f.metadata["env"] for f in declared_fields()} | NON_SETTING_NAMES
+    assert {n for n in read if not n.startswith("SINK_KAFKA_")} <= known
+
+
+def test_a_misspelt_setting_makes_the_service_exit_2():
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SINK_")}
+    result = subprocess.run([sys.executable, "-m", "sink_service"], env={**environ, **env(SINK_FLUSH_RECRODS="5")},
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert "SINK_FLUSH_RECRODS" in result.stderr and "SINK_FLUSH_RECORDS" in result.stderr

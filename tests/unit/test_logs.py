@@ -130,3 +130,55 @@ def test_a_bad_format_call_does_not_raise_into_the_caller(capture):
     # log call must not crash an upload or a micro-batch.
     logger, _stream = capture
     logger.info("rows=%d", "not-a-number")
+
+
+class _Shown:
+    """A value json.dumps can only print through str(), as the formatter's default=str does."""
+
+    def __str__(self) -> str:
+        return f"client with password {KAFKA_PASSWORD}"
+
+
+def _json_events(fields: dict) -> tuple[dict, str]:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(SecretScrubber([APP_KEY, TOKEN, KAFKA_PASSWORD]))
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("test_logs.fields")
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    logger.info("event with fields", extra={"fields": fields})
+    logger.handlers[:] = []
+    return json.loads(stream.getvalue()), stream.getvalue()
+
+
+def test_json_extra_fields_pass_the_scrubber():
+    event, text = _json_events({
+        "event": "config",
+        "authorization": APP_KEY,
+        "config": {"SINK_EMS_AUTHORIZATION": f"header {TOKEN}", "hosts": ["a", f"b {KAFKA_PASSWORD}"]},
+        "client": _Shown(),
+        APP_KEY: "secret used as a field name",
+    })
+    _assert_clean(text)
+    assert event["authorization"] == MASK
+    assert event["config"]["SINK_EMS_AUTHORIZATION"] == f"header {MASK}"
+    assert event["config"]["hosts"] == ["a", f"b {MASK}"]
+    assert event["client"] == f"client with password {MASK}"
+
+
+def test_json_extra_fields_keep_their_types():
+    event, _ = _json_events({"rows": 12, "duration_s": 0.5, "ok": True, "id": None, "offsets": (1, 2)})
+    shown = (event["rows"], event["duration_s"], event["ok"], event["id"], event["offsets"])
+    assert shown == (12, 0.5, True, None, [1, 2])
+
+
+def test_credentials_written_into_a_url_are_masked(capture):
+    # A proxy or endpoint URL with user:password@ is credential material even when the password is
+    # not one of the configured secrets (SINK_EMS_PROXY_URL=http://user:pass@proxy:3128).
+    logger, stream = capture
+    logger.info("proxy http://bob:hunter2-pw@proxy.local:3128 refused; endpoint https://token-xyz@s3.local/b")
+    output = stream.getvalue()
+    assert "hunter2-pw" not in output and "bob" not in output and "token-xyz" not in output
+    assert f"http://{MASK}@proxy.local:3128 refused; endpoint https://{MASK}@s3.local/b" in output
