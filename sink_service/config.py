@@ -78,12 +78,15 @@ class SinkConfig:
         "record. Lag is visible to standard Kafka tooling under this name.", "kafka-parquet-sink",
         group="Kafka")
     starting_offsets: str = setting(
-        "SINK_STARTING_OFFSETS", "Where to start partitions that have no committed offset.",
+        "SINK_STARTING_OFFSETS", "Where to start partitions that have no committed offset when the "
+        "service starts. A `latest` position is committed at once, so replays and restarts keep it. "
+        "Partitions and topics found while running always start at their earliest offset.",
         "earliest", choices=("earliest", "latest"), group="Kafka")
     retention_gap_policy: str = setting(
         "SINK_RETENTION_GAP_POLICY",
-        "What to do when a committed offset has fallen out of retention: `fail` stops with an "
-        "error; `skip` jumps to the earliest available offset and logs how many records were lost.",
+        "What to do when a committed offset lies outside the log: fallen out of retention, or beyond "
+        "the log end (truncation, a topic deleted and recreated). `fail` stops with exit 3 and commits "
+        "nothing; `skip` restarts the partition at its earliest available offset and logs `RECORDS LOST`.",
         "fail", choices=("fail", "skip"), group="Kafka")
     topic_refresh_interval_ms: int = setting(
         "SINK_TOPIC_REFRESH_INTERVAL_MS", "How often topic metadata is re-read to discover new "
