@@ -1,8 +1,22 @@
-"""Per-partition Parquet files that roll on size, record count and schema change.
+"""Per-partition Parquet files that roll on size, record count and type widening.
 
 Rows are buffered only up to one row group, so memory stays bounded whatever the range size.
 A file is closed once its encoded size reaches the byte threshold, so files are capped at that
 threshold plus at most one row group.
+
+Column types follow the widening lattice of `sink_service.column_types`:
+- Each chunk is conformed to the open file's schema. A chunk that needs a wider type (a new
+  field, or the join of two types) widens the rows still buffered in place; once a row group
+  with the narrower type is on disk, that file is closed and the next starts with the wider
+  type. Chunks of a narrower type are then cast up, so a flipping field costs one extra file
+  per lattice step, not one per flip.
+- `floor` (the widest types already written for the topic elsewhere) and the types this
+  writer has written raise every later chunk's columns to at least those types, so a column
+  never narrows again between files. The floor adds no columns.
+- A column, list element or struct field that has held only nulls has the lattice type null:
+  it is stored as string (endpoints want a concrete type) and takes a real type once a value
+  arrives. This is the one case where a column's stored type changes between files, and the
+  earlier files hold only nulls in it.
 """
 
 from __future__ import annotations
@@ -16,6 +30,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sink_service.column_types import conform, join, join_schemas, unify
 from uploader.parquet_info import schema_fingerprint
 
 ROW_GROUP_MAX_BYTES = 32 * 1024 * 1024
@@ -33,68 +48,27 @@ class ClosedFile:
     schema_fingerprint: str
 
 
-def _file_schema(schema: pa.Schema) -> pa.Schema:
-    """Columns that were null in every row so far are typed as strings, the most general type."""
-    return pa.schema([
-        f.with_type(pa.string()) if pa.types.is_null(f.type) else f for f in schema
-    ])
+def _stored(type_: pa.DataType) -> pa.DataType:
+    """The type a column is written with: null (no value seen yet) is stored as string."""
+    if pa.types.is_null(type_):
+        return pa.string()
+    if pa.types.is_struct(type_):
+        return pa.struct([f.with_type(_stored(f.type)) for f in type_])
+    if pa.types.is_list(type_):
+        return pa.list_(type_.value_field.with_type(_stored(type_.value_type)))
+    return type_
 
 
-def _widens(source: pa.DataType, target: pa.DataType) -> bool:
-    """Whether every value of `source` has a lossless home in `target`.
-
-    Arrow would happily cast a struct to one with fewer fields, dropping data; only widening
-    casts are allowed here, anything else starts a new file.
-    """
-    if source == target or pa.types.is_null(source):
-        return True
-    if pa.types.is_integer(source):
-        return pa.types.is_floating(target) or (
-            pa.types.is_integer(target)
-            and pa.types.is_signed_integer(source) == pa.types.is_signed_integer(target)
-            and target.bit_width >= source.bit_width
-        )
-    if pa.types.is_floating(source):
-        return pa.types.is_floating(target) and target.bit_width >= source.bit_width
-    if pa.types.is_struct(source) and pa.types.is_struct(target):
-        fields = {f.name: f.type for f in target}
-        return all(f.name in fields and _widens(f.type, fields[f.name]) for f in source)
-    if pa.types.is_list(source) and pa.types.is_list(target):
-        return _widens(source.value_type, target.value_type)
-    return False
-
-
-def conform(table: pa.Table, schema: pa.Schema) -> pa.Table | None:
-    """Cast `table` to `schema` (missing columns become null); None when it cannot be done safely."""
-    if any(name not in schema.names for name in table.column_names):
-        return None
-    columns = []
-    for target in schema:
-        if target.name not in table.column_names:
-            columns.append(pa.nulls(table.num_rows, target.type))
-            continue
-        column = table.column(target.name)
-        if column.type != target.type:
-            if not _widens(column.type, target.type):
-                return None
-            try:
-                column = column.cast(target.type, safe=True)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-                return None
-        columns.append(column)
-    return pa.Table.from_arrays(columns, schema=schema)
-
-
-def _merged_schema(current: pa.Schema, incoming: pa.Schema) -> pa.Schema:
-    """The schema of the next file: keep earlier columns so later chunks still fit it."""
-    try:
-        return _file_schema(pa.unify_schemas([current, incoming], promote_options="permissive"))
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return _file_schema(incoming)
+def _stored_schema(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([f.with_type(_stored(f.type)) for f in schema])
 
 
 class PartitionFileWriter:
-    """Writes one topic-partition's rows, in offset order, into a sequence of Parquet files."""
+    """Writes one topic-partition's rows, in offset order, into a sequence of Parquet files.
+
+    `floor`: the widest types already written for this topic elsewhere (e.g. the join of other
+    writers' `written_schema`); a chunk's column typed narrower than its floor is cast up to it.
+    """
 
     def __init__(
         self,
@@ -106,6 +80,7 @@ class PartitionFileWriter:
         max_records: int,
         compression: str,
         on_close: Callable[[ClosedFile], None],
+        floor: pa.Schema | None = None,
     ):
         self._directory = directory
         self._topic = topic
@@ -114,8 +89,10 @@ class PartitionFileWriter:
         self._max_records = max_records
         self._compression = None if compression == "none" else compression
         self._on_close = on_close
+        self._floor = floor
         self._row_group_bytes = max(64 * 1024, min(max_bytes, ROW_GROUP_MAX_BYTES))
-        self._schema: pa.Schema | None = None
+        self._schema: pa.Schema | None = None  # lattice types of the open file (or of the buffered rows)
+        self._written: pa.Schema | None = None
         self._writer: pq.ParquetWriter | None = None
         self._path: Path | None = None
         self._buffer: list[pa.Table] = []
@@ -125,18 +102,19 @@ class PartitionFileWriter:
         self._first_offset: int | None = None
         self._last_offset: int | None = None
 
+    @property
+    def written_schema(self) -> pa.Schema | None:
+        """The join of the schemas of every file handed to `on_close` so far; None before the first.
+
+        Types are lattice types: a column that held only nulls is null here, though stored as
+        string. Joined over a topic's writers (`column_types.join_schemas`), it is the next floor.
+        """
+        return self._written
+
     def append(self, table: pa.Table) -> None:
-        """Append rows (offset order); a table whose schema does not fit starts a new file."""
+        """Append rows (offset order); a table needing wider types than rows on disk starts a new file."""
         while table.num_rows:
-            if self._schema is None:
-                self._schema = _file_schema(table.schema)
-            fitted = conform(table, self._schema)
-            if fitted is None:
-                self._close_file()
-                merged = _merged_schema(self._schema, table.schema)
-                # The merged schema must accept these rows; if not, they define the next file.
-                self._schema = merged if conform(table, merged) is not None else _file_schema(table.schema)
-                continue
+            fitted = self._fit(table)
             room = self._max_records - self._file_rows - self._buffered_rows
             # Never more than one row group's bytes at a time, so a huge chunk still rolls on size.
             bytes_per_row = max(1, fitted.nbytes // max(1, fitted.num_rows))
@@ -161,20 +139,55 @@ class PartitionFileWriter:
             self._path.unlink(missing_ok=True)
         self._writer = None
         self._path = None
+        self._schema = None  # the dropped rows are read again and bring their types back
         self._buffer.clear()
         self._buffered_rows = self._buffered_bytes = self._file_rows = 0
+
+    def _fit(self, table: pa.Table) -> pa.Table:
+        """`table` under the open file's schema, widening that schema (and maybe rolling) first."""
+        wanted = self._raised(table.schema)
+        schema = wanted if self._schema is None else join_schemas(self._schema, wanted)
+        while True:
+            if schema != self._schema:
+                self._widen(schema)
+            fitted = conform(table, self._schema)
+            if fitted.schema == self._schema:
+                return fitted
+            schema = join_schemas(self._schema, fitted.schema)  # a value needed more than the join
+
+    def _raised(self, schema: pa.Schema) -> pa.Schema:
+        """`schema`'s columns, each at least as wide as the floor and what was written before."""
+        fields = []
+        for field in schema:
+            type_ = field.type
+            for known in (self._floor, self._written):
+                index = -1 if known is None else known.get_field_index(field.name)
+                if index >= 0:
+                    type_ = join(known.field(index).type, type_)
+            fields.append(field.with_type(type_))
+        return pa.schema(fields)
+
+    def _widen(self, schema: pa.Schema) -> None:
+        if self._writer is not None:  # rows of the narrower types are on disk: they keep their file
+            self._close_file()
+            self._schema = schema
+            return
+        self._buffer = unify(self._buffer, schema) if self._buffer else []
+        self._schema = self._buffer[0].schema if self._buffer else schema
+        self._buffered_bytes = sum(t.nbytes for t in self._buffer)
 
     def _write_row_group(self) -> None:
         if not self._buffered_rows:
             return
         rows = pa.concat_tables(self._buffer) if len(self._buffer) > 1 else self._buffer[0]
         self._buffer, self._buffered_rows, self._buffered_bytes = [], 0, 0
+        stored = _stored_schema(self._schema)
         if self._writer is None:
             self._directory.mkdir(parents=True, exist_ok=True)
             self._path = self._directory / f"{self._topic}-{self._partition}-{uuid.uuid4().hex}.parquet"
-            self._writer = pq.ParquetWriter(self._path, self._schema, compression=self._compression)
+            self._writer = pq.ParquetWriter(self._path, stored, compression=self._compression)
             self._first_offset = rows.column("_offset")[0].as_py()
-        self._writer.write_table(rows, row_group_size=rows.num_rows)
+        self._writer.write_table(rows if stored == rows.schema else rows.cast(stored), row_group_size=rows.num_rows)
         self._file_rows += rows.num_rows
         self._last_offset = rows.column("_offset")[-1].as_py()
         if os.path.getsize(self._path) >= self._max_bytes:
@@ -193,7 +206,8 @@ class PartitionFileWriter:
             last_offset=self._last_offset,
             record_count=self._file_rows,
             size_bytes=os.path.getsize(self._path),
-            schema_fingerprint=schema_fingerprint(self._schema),
+            schema_fingerprint=schema_fingerprint(_stored_schema(self._schema)),
         )
         self._writer, self._path, self._file_rows = None, None, 0
         self._on_close(closed)
+        self._written = self._schema if self._written is None else join_schemas(self._written, self._schema)

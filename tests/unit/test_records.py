@@ -75,12 +75,13 @@ def test_field_that_appears_only_late_in_a_large_chunk_is_kept():
     assert result[0]["late"] is None
 
 
-def test_incompatible_types_become_separate_segments_in_offset_order():
+def test_incompatible_types_join_in_one_segment_in_offset_order():
     values = [b'{"id": 1}', b'{"id": "one"}', b'{"id": 3}']
     chunk = decode(raw_batch(values), INFER)
     assert chunk.bad_records == []
+    assert len(chunk.segments) == 1
     assert offsets(chunk) == [100, 101, 102]
-    assert [r["id"] for r in rows(chunk)] == [1, "one", 3]
+    assert [r["id"] for r in rows(chunk)] == ["1", "one", "3"]
 
 
 def test_int_and_float_values_share_one_column():
@@ -128,6 +129,13 @@ def test_declared_string_field_accepts_a_json_number():
     chunk = decode(raw_batch([b'{"id": 42}']), DecodeSpec(parse_ddl("id STRING"), ("id",), "_offset"))
     assert chunk.bad_records == []
     assert rows(chunk)[0]["id"] == "42"
+
+
+def test_declared_string_field_holds_the_json_text_of_any_value():
+    values = [b'{"id": "a", "v": {"k": [1, 2], "t": true}}', b'{"id": "b", "v": [1, 2]}', b'{"id": "c", "v": false}']
+    chunk = decode(raw_batch(values), DecodeSpec(parse_ddl("id STRING, v STRING"), ("id",), "_offset"))
+    assert chunk.bad_records == []
+    assert [r["v"] for r in rows(chunk)] == ['{"k":[1,2],"t":true}', "[1,2]", "false"]
 
 
 def test_declared_type_mismatch_is_a_bad_record_not_a_failure_of_the_chunk():
@@ -259,3 +267,138 @@ def test_values_sliced_from_a_larger_batch_decode_correctly():
     chunk = decode(batch.slice(4, 3), INFER_PK)
     assert offsets(chunk) == [4, 5, 6]
     assert [r["id"] for r in rows(chunk)] == [4, 5, 6]
+
+
+# --- Inference never changes data (issue 9) -------------------------------------------------
+
+
+def test_empty_objects_carry_no_column_and_empty_arrays_stay_lists():
+    values = [b'{"id": 1, "meta": {}, "tags": [], "deep": {"inner": {}}, "objs": [{}]}',
+              b'{"id": 2, "meta": {}, "tags": [], "deep": {"inner": {}, "n": 5}, "objs": []}']
+    chunk = decode(raw_batch(values), INFER_PK)
+    assert chunk.bad_records == []
+    [segment] = chunk.segments
+    assert "meta" not in segment.column_names  # a field-less object carries no value
+    assert segment.schema.field("deep").type == pa.struct([("n", pa.int64())])
+    assert [r["tags"] for r in rows(chunk)] == [[], []]
+    assert [r["objs"] for r in rows(chunk)] == [[None], []]  # the element count is kept
+    assert [r["deep"] for r in rows(chunk)] == [{"n": None}, {"n": 5}]
+
+
+def test_integers_beyond_int64_arrive_exactly_as_decimals():
+    big = [12345678901234567890, 12345678901234567891, -98765432109876543210]
+    values = [b'{"id": %d, "n": {"v": [%d]}}' % (b, b) for b in big] + [b'{"id": 1, "n": {"v": [2]}}']
+    chunk = decode(raw_batch(values), INFER_PK)
+    assert chunk.bad_records == []
+    [segment] = chunk.segments
+    assert segment.schema.field("id").type == pa.decimal128(38, 0)
+    assert [int(r["id"]) for r in rows(chunk)] == [*big, 1]
+    assert [[int(v) for v in r["n"]["v"]] for r in rows(chunk)] == [[b] for b in big] + [[2]]
+
+
+@pytest.mark.parametrize("values, expected", [
+    # beyond 38 digits: no decimal holds it
+    ([b'{"id": 1, "x": 123456789012345678901234567890123456789012}', b'{"id": 2, "x": 7}'],
+     ["123456789012345678901234567890123456789012", "7"]),
+    # beyond int64 next to a fraction in the same field: neither a decimal(38,0) nor a double holds both
+    ([b'{"id": 1, "x": 12345678901234567890}', b'{"id": 2, "x": 1.25}'], ["12345678901234567890", "1.25"]),
+])
+def test_integers_no_decimal_holds_arrive_as_their_text(values, expected):
+    chunk = decode(raw_batch(values), INFER_PK)
+    assert chunk.bad_records == []
+    assert [r["x"] for r in rows(chunk)] == expected
+    assert [r["id"] for r in rows(chunk)] == [1, 2]
+
+
+def test_large_doubles_stay_doubles():
+    chunk = decode(raw_batch([b'{"x": 1e19}', b'{"x": 2.5e30}', b'{"x": "12345678901234567890"}']), INFER)
+    assert [r["x"] for r in rows(chunk)] == ["1e+19", "2.5e+30", "12345678901234567890"]
+    chunk = decode(raw_batch([b'{"x": 1e19}', b'{"x": 1.5}']), INFER)
+    assert chunk.segments[0].schema.field("x").type == pa.float64()
+
+
+def test_timestamp_like_strings_stay_strings():
+    values = [b'{"id": 1, "at": "2024-01-02T10:00:00+02:00", "d": "2024-01-02", "s": {"t": "2024-01-02T10:00:00Z"}}',
+              b'{"id": 2, "at": "2024-01-02T10:00:00.5+02:00", "d": "2024-01-03", "s": {"t": "2024-01-03T10:00:00Z"}}']
+    for chunk_values in (values[:1], values):
+        chunk = decode(raw_batch(chunk_values), INFER_PK)
+        [segment] = chunk.segments
+        assert segment.schema.field("at").type == pa.string()
+        assert segment.schema.field("s").type == pa.struct([("t", pa.string())])
+        got = [(r["at"], r["d"], r["s"]["t"]) for r in rows(chunk)]
+        assert got == [
+            ("2024-01-02T10:00:00+02:00", "2024-01-02", "2024-01-02T10:00:00Z"),
+            ("2024-01-02T10:00:00.5+02:00", "2024-01-03", "2024-01-03T10:00:00Z"),
+        ][:len(chunk_values)]
+
+
+def test_declared_timestamp_still_parses_and_declared_string_keeps_the_text():
+    schema = parse_ddl("id STRING, at TIMESTAMP, text STRING, day DATE")
+    value = b'{"id": "a", "at": "2024-01-02 10:00:00", "text": "2024-01-02T10:00:00+02:00", "day": "2024-01-02"}'
+    chunk = decode(raw_batch([value]), DecodeSpec(schema, ("id",), "_offset"))
+    assert chunk.bad_records == []
+    [row] = rows(chunk)
+    assert row["at"] == dt.datetime(2024, 1, 2, 10, 0, tzinfo=dt.UTC)
+    assert row["text"] == "2024-01-02T10:00:00+02:00"
+    assert row["day"] == dt.date(2024, 1, 2)
+
+
+def test_declared_string_field_keeps_a_big_integer_exactly():
+    chunk = decode(raw_batch([b'{"id": 12345678901234567890}']), DecodeSpec(parse_ddl("id STRING"), ("id",), "_offset"))
+    assert rows(chunk)[0]["id"] == "12345678901234567890"
+
+
+@pytest.mark.parametrize("value", [
+    b'{"id": 1, "s": "line\nbreak"}',  # a raw newline inside a string is not JSON
+    b'{"id": 1, "s": "line\r\nbreak"}',
+    b'{"id": 1, "s": "caf\xe9"}',  # Latin-1, not UTF-8
+    b'{"id": 1, "s\xff": 2}',
+    b'{"id": 1, "s": "\xed\xa0\x80"}',  # an encoded surrogate is not UTF-8 either
+])
+def test_invalid_json_is_a_bad_record_and_never_repaired(value):
+    chunk = decode(raw_batch([b'{"id": 0, "s": "a"}', value, b'{"id": 2, "s": "b"}']), INFER_PK)
+    assert bad_offsets(chunk) == [101]
+    assert chunk.bad_records[0].kind == "invalid_json"
+    assert [(r["_offset"], r["s"]) for r in rows(chunk)] == [(100, "a"), (102, "b")]
+
+
+def test_a_field_that_flips_type_gives_one_segment_in_the_widest_type():
+    values = [b'{"id": %d, "x": %s}' % (i, b"%d" % i if i % 2 else b'"s%d"' % i) for i in range(400)]
+    chunk = decode(raw_batch(values, start=0), INFER_PK)
+    assert chunk.bad_records == []
+    assert len(chunk.segments) == 1
+    assert [r["x"] for r in rows(chunk)] == [str(i) if i % 2 else f"s{i}" for i in range(400)]
+    assert offsets(chunk) == list(range(400))
+
+
+@pytest.mark.timeout(5)
+def test_a_field_that_flips_in_every_record_of_a_large_chunk_is_typed_without_splitting_it():
+    # Bisection would split this chunk into 20,000 single records (seconds of parse calls).
+    values = [b'{"id": %d, "x": %s}' % (i, b"%d" % i if i % 2 else b'"s%d"' % i) for i in range(20_000)]
+    chunk = decode(raw_batch(values, start=0), INFER_PK)
+    assert chunk.bad_records == [] and len(chunk.segments) == 1
+    assert chunk.segments[0].column("x").to_pylist()[:4] == ["s0", "1", "s2", "3"]
+
+
+def test_objects_and_scalars_in_one_field_become_json_text():
+    values = [b'{"x": {"a": 1, "b": [true, null]}}', b'{"x": 5}', b'{"x": [1, 2]}', b'{"x": null}', b'{"x": false}']
+    chunk = decode(raw_batch(values), INFER)
+    assert chunk.bad_records == []
+    assert [r["x"] for r in rows(chunk)] == ['{"a":1,"b":[true,null]}', "5", "[1,2]", None, "false"]
+
+
+@pytest.mark.parametrize("value, field, expected", [
+    (b'{"x": [1, {"c": "d"}, "e", 1.50, null]}', "x", ["1", '{"c":"d"}', "e", "1.50", None]),
+    (b'{"items": [{"q": 1}, {"q": "two"}, {"r": true}]}', "items",
+     [{"q": "1", "r": None}, {"q": "two", "r": None}, {"q": None, "r": True}]),
+    (b'{"x": [[1], 2, [true]]}', "x", ["[1]", "2", "[true]"]),
+])
+def test_arrays_that_mix_kinds_keep_every_element_as_text(value, field, expected):
+    chunk = decode(raw_batch([b'{"id": 1}', value]), INFER)
+    assert chunk.bad_records == []
+    assert [r.get(field) for r in rows(chunk)] == [None, expected]
+
+
+def test_a_mixed_array_with_a_duplicate_key_is_still_a_bad_record():
+    chunk = decode(raw_batch([b'{"x": [1, "a"], "y": 1, "y": 2}']), INFER)
+    assert bad_offsets(chunk) == [100]
