@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from sink_service.kafka_source.admission import Range
 from sink_service.parquet_files import ClosedFile, PartitionFileWriter
+from sink_service.planner_hints import encode_schema
 from sink_service.records import BadRecord, DecodedChunk, DecodeSpec, decode
 from uploader.errors import FatalUploadError, RetryableUploadError
 from uploader.target import FileMetadata, Receipt, UploadTarget
@@ -56,6 +57,7 @@ RESULT_SCHEMA = pa.schema([
     ("bad_samples", pa.string()),  # JSON list of BadRecord descriptions
     ("retries", pa.string()),  # JSON {reason: count}
     ("files", pa.string()),  # JSON list of uploaded file descriptions
+    ("written_schema", pa.string()),  # the widest types of the uploaded files, encoded (planner_hints)
 ])
 RESULT_SCHEMA_DDL = ", ".join(f"{f.name} {_DDL_TYPES[f.type]}" for f in RESULT_SCHEMA)
 MAX_BAD_SAMPLES = 20
@@ -113,6 +115,7 @@ class _Outcome:
     bad_samples: list[str] = field(default_factory=list)
     retries: Counter = field(default_factory=Counter)
     files: list[dict] = field(default_factory=list)
+    written_schema: str = ""
 
     def to_batch(self) -> pa.RecordBatch:
         row = {name: getattr(self, name) for name in RESULT_SCHEMA.names}
@@ -122,7 +125,7 @@ class _Outcome:
 
 
 class _RangeProcessor:
-    def __init__(self, spec: TaskSpec, rng: Range):
+    def __init__(self, spec: TaskSpec, rng: Range, floor: pa.Schema | None):
         self.spec = spec
         o = self.outcome = _Outcome(
             topic=rng.topic, partition=rng.partition, range_start=rng.start, range_end=rng.end
@@ -137,6 +140,7 @@ class _RangeProcessor:
             max_records=spec.flush_records,
             compression=spec.compression,
             on_close=self._upload,
+            floor=floor,
         )
 
     def _upload(self, closed: ClosedFile) -> None:
@@ -287,7 +291,7 @@ def _bisect_unwritable(raw: pa.RecordBatch, spec: TaskSpec) -> Iterator[DecodedC
 
 
 def process_range(
-    spec: TaskSpec, rng: Range, read: Callable[[Range], Iterator[pa.RecordBatch]]
+    spec: TaskSpec, rng: Range, read: Callable[[Range], Iterator[pa.RecordBatch]], floor: pa.Schema | None = None,
 ) -> pa.RecordBatch:
     """Decode, write and upload one offset range; return its outcome as a one-row batch.
 
@@ -295,7 +299,7 @@ def process_range(
     left of the range (from the last uploaded file on) is read again and handled record by
     record where needed, so one unwritable record becomes a bad record instead of a replay loop.
     """
-    processor = _RangeProcessor(spec, rng)
+    processor = _RangeProcessor(spec, rng, floor)
     o = processor.outcome
     started = time.monotonic()
     try:
@@ -320,4 +324,5 @@ def process_range(
         processor.writer.abandon()
         o.status, o.error_kind, o.error = STATUS_RETRYABLE, ERROR_PROCESSING, f"{type(exc).__name__}: {exc}"
     log.debug("range %s done in %.2fs", rng, time.monotonic() - started)
+    o.written_schema = encode_schema(processor.writer.written_schema)
     return o.to_batch()

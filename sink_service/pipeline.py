@@ -18,20 +18,18 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from sink_service import spark_home
+from sink_service import java_home, spark_home
 from sink_service.config import SinkConfig
 from sink_service.ddl import parse_ddl
 from sink_service.health import Health
 from sink_service.kafka_source.datasource import (
     FORMAT_NAME,
     PENDING_STATE_FILE,
-    SIZE_ESTIMATES_FILE,
     KafkaRangeDataSource,
     SourceOptions,
 )
@@ -39,6 +37,7 @@ from sink_service.kafka_source.offsets import KafkaOffsets, TopicSelection, nest
 from sink_service.metrics import SinkMetrics
 from sink_service.offset_commit import ContiguousCommits, RangeOutcome
 from sink_service.partition_task import ERROR_PROCESSING, STATUS_FATAL, STATUS_OK, TaskSpec
+from sink_service.planner_hints import PlannerHints
 from sink_service.records import DecodeSpec
 from sink_service.repeated_failures import Failure, RepeatedFailures, Streak
 from sink_service.targets import build_target, target_settings
@@ -57,6 +56,7 @@ class FatalPipelineError(Exception):
 
 
 def start_spark(config: SinkConfig, extra_java_options: Sequence[str] = ()) -> SparkSession:
+    java_home.resolve_java()  # JAVA_HOME of the Java installed from PyPI, where that is the one
     # Executors must run this interpreter, the one that has the project's dependencies.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -93,26 +93,6 @@ def start_spark(config: SinkConfig, extra_java_options: Sequence[str] = ()) -> S
     return spark
 
 
-@dataclass
-class _SizeEstimates:
-    """Parquet bytes per record per topic, learned from uploaded files, shared with the planner."""
-
-    path: Path
-    per_topic: dict[str, float]
-
-    def learn(self, topic: str, size_bytes: int, records: int) -> None:
-        if records <= 0:
-            return
-        sample = size_bytes / records
-        old = self.per_topic.get(topic)
-        self.per_topic[topic] = sample if old is None else 0.7 * old + 0.3 * sample
-
-    def save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.per_topic))
-        tmp.replace(self.path)
-
-
 class Pipeline:
     def __init__(self, config: SinkConfig, spark: SparkSession, health: Health, metrics: SinkMetrics):
         self.config = config
@@ -131,7 +111,7 @@ class Pipeline:
         scratch = Path(config.scratch_dir)
         self.state_dir = scratch / "state"
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self._estimates = _SizeEstimates(self.state_dir / SIZE_ESTIMATES_FILE, {})
+        self._hints = PlannerHints()
         value_schema = parse_ddl(config.value_schema) if config.value_schema else None
         self.task_spec = TaskSpec(
             decode=DecodeSpec(value_schema, config.primary_keys, config.order_field),
@@ -230,7 +210,7 @@ class Pipeline:
             batch_id, len(rows), records,
             {f"{t}:{p}": o for (t, p), o in sorted(commits.items())} or "nothing", duration_s,
         )
-        self._estimates.save()
+        self._hints.save(self.state_dir)
         failed = [r for r in rows if r.status != STATUS_OK]
         fatal = [r for r in failed if r.status == STATUS_FATAL]
         if fatal:
@@ -278,8 +258,9 @@ class Pipeline:
 
     def _report_range(self, row) -> None:
         self.metrics.record_outcome(row, self.config.target)
+        self._hints.learn_types(row.topic, row.written_schema)
         for upload in json.loads(row.files):
-            self._estimates.learn(row.topic, upload["bytes"], upload["records"])
+            self._hints.learn_size(row.topic, upload["bytes"], upload["records"])
             fields = {
                 "event": "upload", "topic": row.topic, "partition": row.partition,
                 "first_offset": upload["first_offset"], "last_offset": upload["last_offset"],

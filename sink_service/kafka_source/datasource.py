@@ -24,11 +24,11 @@ from sink_service.kafka_source.admission import Admission, Range, Thresholds
 from sink_service.kafka_source.offsets import KafkaOffsets, OffsetGapError, TopicSelection, flatten, nest
 from sink_service.kafka_source.range_reader import consumer_config, read_range
 from sink_service.partition_task import RESULT_SCHEMA_DDL, TaskSpec, process_range
+from sink_service.planner_hints import PlannerHints, decode_schema
 
 log = logging.getLogger(__name__)
 
 FORMAT_NAME = "kafka_tp_ranges"
-SIZE_ESTIMATES_FILE = "size-estimates.json"
 PENDING_STATE_FILE = "pending.json"
 
 
@@ -71,9 +71,10 @@ class SourceOptions:
 
 
 class KafkaRangePartition(InputPartition):
-    def __init__(self, rng: Range):
+    def __init__(self, rng: Range, column_types: str = ""):
         super().__init__(rng)
         self.range = rng
+        self.column_types = column_types  # the topic's widest written types, encoded: the files' floor
 
 
 class KafkaRangeDataSource(DataSource):
@@ -94,8 +95,8 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
         self._offsets: KafkaOffsets | None = None  # created lazily: executors never need it
         self._admission: Admission | None = None
         self._refreshed_at = 0.0
-        self._estimates: dict[str, float] = {}
-        self._estimates_read_at = 0.0
+        self._hints = PlannerHints()
+        self._hints_read_at = 0.0
 
     def __getstate__(self) -> dict:
         return {"options": self.options}
@@ -136,14 +137,13 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
         log.info("discovered %d new partition(s): %s", len(new), positions)
         return positions
 
-    def _bytes_per_record(self) -> dict[str, float]:
-        """Parquet bytes per record seen in past files; a hint for admission only."""
+    def _read_hints(self) -> PlannerHints:
+        """What the driver learned from finished ranges (sizes, column types); hints only."""
         now = time.monotonic()
-        if now - self._estimates_read_at > 5:
-            self._estimates_read_at = now
-            with contextlib.suppress(OSError, ValueError):
-                self._estimates = json.loads((Path(self.options.state_dir) / SIZE_ESTIMATES_FILE).read_text())
-        return self._estimates
+        if now - self._hints_read_at > 1:
+            self._hints_read_at = now
+            self._hints = PlannerHints.load(Path(self.options.state_dir))
+        return self._hints
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         kafka = self._kafka()
@@ -151,7 +151,7 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
         found = self._discover(current)
         available = kafka.latest(current)
         _check_log_ends(current, available)
-        end = self._admission.plan(current, available, time.time(), self._bytes_per_record())
+        end = self._admission.plan(current, available, time.time(), self._read_hints().bytes_per_record)
         # Spark reads this batch from the previous end offsets, which do not hold the partitions
         # just found: they enter at their start position and are admitted from the next batch on.
         end.update(found)
@@ -177,8 +177,9 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
         in offset order, and a replay resumes at the first file not uploaded. Parallelism comes
         from partitions."""
         begin, finish = flatten(start), flatten(end)
+        types = self._read_hints().column_types
         return [
-            KafkaRangePartition(Range(topic, partition, begin[(topic, partition)], stop))
+            KafkaRangePartition(Range(topic, partition, begin[(topic, partition)], stop), types.get(topic, ""))
             for (topic, partition), stop in sorted(finish.items())
             if (topic, partition) in begin and stop > begin[(topic, partition)]
         ]
@@ -197,7 +198,7 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
         def read(rng: Range) -> Iterator[pa.RecordBatch]:
             return read_range(rng, config, o.read_batch_max_bytes)
 
-        yield process_range(o.task_spec(), partition.range, read)
+        yield process_range(o.task_spec(), partition.range, read, decode_schema(partition.column_types))
 
 
 def _check_log_ends(positions: dict[tuple[str, int], int], ends: dict[tuple[str, int], int]) -> None:

@@ -13,6 +13,7 @@ import pytest
 from sink_service import parquet_files
 from sink_service.kafka_source.admission import Range
 from sink_service.partition_task import ERROR_PROCESSING, ERROR_READ, TaskSpec, process_range
+from sink_service.planner_hints import PlannerHints, decode_schema, encode_schema
 from sink_service.records import RAW_SCHEMA, DecodeSpec
 from sink_service.targets import build_target
 from uploader.directory import DirectorySettings
@@ -114,3 +115,27 @@ def test_an_error_no_record_explains_is_reported_for_counting(tmp_path, monkeypa
     outcome = process_range(spec(tmp_path), Range("t", 0, 0, 100), reader(topic_log(100, set()))).to_pylist()[0]
     assert (outcome["status"], outcome["error_kind"]) == ("retryable", ERROR_PROCESSING)
     assert outcome["committable"] == 0 and "No space left" in outcome["error"]
+
+
+def test_the_topics_widest_types_are_the_floor_of_later_files(tmp_path):
+    """Another task already wrote `version` as text: this range's integers follow, as text."""
+    floor = pa.schema([("version", pa.string())])
+    outcome = process_range(spec(tmp_path), Range("t", 0, 0, 20), reader(topic_log(20, set())), floor).to_pylist()[0]
+    [written] = sorted((tmp_path / "out").rglob("*.parquet"))
+    assert pq.read_schema(written).field("version").type == pa.string()
+    assert pq.read_table(written).column("version").to_pylist() == [str(i) for i in range(20)]
+    assert decode_schema(outcome["written_schema"]).field("version").type == pa.string()
+
+
+def test_planner_hints_join_the_types_of_every_range(tmp_path):
+    hints = PlannerHints()
+    hints.learn_types("t", encode_schema(pa.schema([("x", pa.int64()), ("a", pa.string())])))
+    hints.learn_types("t", encode_schema(pa.schema([("x", pa.string()), ("b", pa.float64())])))
+    hints.learn_types("t", "")
+    hints.learn_size("t", 1000, 10)
+    hints.save(tmp_path)
+    loaded = PlannerHints.load(tmp_path)
+    assert decode_schema(loaded.column_types["t"]) == pa.schema(
+        [("x", pa.string()), ("a", pa.string()), ("b", pa.float64())])
+    assert loaded.bytes_per_record == {"t": 100.0}
+    assert PlannerHints.load(tmp_path / "missing") == PlannerHints()
