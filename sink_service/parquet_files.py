@@ -13,10 +13,10 @@ Column types follow the widening lattice of `sink_service.column_types`:
 - `floor` (the widest types already written for the topic elsewhere) and the types this
   writer has written raise every later chunk's columns to at least those types, so a column
   never narrows again between files. The floor adds no columns.
-- A column, list element or struct field that has held only nulls has the lattice type null:
-  it is stored as string (endpoints want a concrete type) and takes a real type once a value
-  arrives. This is the one case where a column's stored type changes between files, and the
-  earlier files hold only nulls in it.
+- A column that has held only nulls has the lattice type null and is left out of the file
+  until a value arrives; a list element or struct field that has held only nulls is stored as
+  string (endpoints want a concrete type). That nested case is the one where a stored type can
+  change between files, and the earlier files hold only nulls there.
 """
 
 from __future__ import annotations
@@ -60,7 +60,10 @@ def _stored(type_: pa.DataType) -> pa.DataType:
 
 
 def _stored_schema(schema: pa.Schema) -> pa.Schema:
-    return pa.schema([f.with_type(_stored(f.type)) for f in schema])
+    """A column that holds only nulls so far is left out: it carries no value, and writing it as
+    string would change its stored type once a value arrives (an upsert of a row without the
+    column leaves it null, as writing the nulls would)."""
+    return pa.schema([f.with_type(_stored(f.type)) for f in schema if not pa.types.is_null(f.type)])
 
 
 class PartitionFileWriter:
@@ -187,7 +190,9 @@ class PartitionFileWriter:
             self._path = self._directory / f"{self._topic}-{self._partition}-{uuid.uuid4().hex}.parquet"
             self._writer = pq.ParquetWriter(self._path, stored, compression=self._compression)
             self._first_offset = rows.column("_offset")[0].as_py()
-        self._writer.write_table(rows if stored == rows.schema else rows.cast(stored), row_group_size=rows.num_rows)
+        if stored != rows.schema:
+            rows = rows.select(stored.names).cast(stored)
+        self._writer.write_table(rows, row_group_size=rows.num_rows)
         self._file_rows += rows.num_rows
         self._last_offset = rows.column("_offset")[-1].as_py()
         if os.path.getsize(self._path) >= self._max_bytes:
