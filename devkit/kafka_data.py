@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from confluent_kafka import Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from sink_service.kafka_source.offsets import KafkaOffsets
 
@@ -18,10 +18,30 @@ def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
     futures = admin.create_topics([NewTopic(t, n, 1) for t, n in topics.items()], operation_timeout=10)
     for future in futures.values():
         future.result()
+    _wait_for_metadata(admin, topics)
+
+
+def add_partitions(bootstrap: str, topic: str, total: int) -> None:
+    """Grow a topic to `total` partitions and wait until its metadata shows them."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_partitions([NewPartitions(topic, total)])[topic].result()
+    _wait_for_metadata(admin, {topic: total})
+
+
+def recreate_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    """Delete a topic and create it again, empty: its logs restart at offset 0 (group offsets stay)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([topic], operation_timeout=10)[topic].result()
+    _wait_for_metadata(admin, {topic: 0})
+    create_topics(bootstrap, {topic: partitions})
+
+
+def _wait_for_metadata(admin: AdminClient, topics: dict[str, int]) -> None:
+    """Wait until every topic shows its partition count; 0 means: until the topic is gone."""
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         metadata = admin.list_topics(timeout=5).topics
-        if all(t in metadata and len(metadata[t].partitions) == n for t, n in topics.items()):
+        if all(len(metadata[t].partitions) == n if t in metadata else n == 0 for t, n in topics.items()):
             return
         time.sleep(0.2)
     raise TimeoutError(f"topics {topics} not visible")
@@ -83,4 +103,7 @@ def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -
     return {p: o for (_, p), o in offsets.committed([(topic, p) for p in range(partitions)]).items()}
 
 
-__all__ = ["TopicPartition", "Workload", "committed_offsets", "create_topics", "end_offsets", "produce_orders"]
+__all__ = [
+    "TopicPartition", "Workload", "add_partitions", "committed_offsets", "create_topics", "end_offsets",
+    "produce_orders", "recreate_topic",
+]
