@@ -35,6 +35,7 @@ from bench.workload import Produced, WorkloadSpec, build_records, produce
 from devkit.brokers import running_broker
 from devkit.kafka_data import create_topics, end_offsets
 from local_ems.server import LocalEmsServer
+from sink_service.java_home import resolve_java
 
 AUTHORIZATION = "AppKey bench-key"
 RESULTS = BENCH / "results"
@@ -73,7 +74,7 @@ def versions(with_quix: bool) -> dict[str, str]:
             found[package] = "absent"
     found["librdkafka"] = libversion()[0]
     try:
-        java = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=30).stderr
+        java = subprocess.run([resolve_java(), "-version"], capture_output=True, text=True, timeout=30).stderr
         found["java"] = java.splitlines()[0].split('"')[1] if '"' in java else java.strip()[:40]
     except (OSError, IndexError, subprocess.TimeoutExpired):
         found["java"] = "?"

@@ -18,6 +18,7 @@ from pathlib import Path
 import requests
 
 from devkit.brokers import free_port
+from sink_service.java_home import resolve_java
 
 
 def _spark_class() -> str:
@@ -26,6 +27,7 @@ def _spark_class() -> str:
 
 @contextmanager
 def standalone_cluster(workers: int = 2, cores_per_worker: int = 1, memory: str = "1g") -> Iterator[str]:
+    resolve_java()  # master, workers and executors inherit JAVA_HOME
     work = Path(tempfile.mkdtemp(prefix="spark-cluster-"))
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(work),
            "SPARK_WORKER_DIR": str(work / "work"), "PYSPARK_PYTHON": sys.executable}

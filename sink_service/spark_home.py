@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -30,6 +29,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyspark
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+from sink_service import java_home
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +47,7 @@ def _pyspark_home() -> Path:
 
 
 def _java() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java") or "java"
-    return os.path.realpath(java)
+    return os.path.realpath(java_home.resolve_java())
 
 
 def prepared_dir() -> Path:
