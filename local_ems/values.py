@@ -1,7 +1,8 @@
 """Arrow columns -> values SQLite can store, and the column type each one is declared with.
 
 Mapping (the local endpoint's choice; EMS itself stores typed columns):
-- integers, durations -> INTEGER; floats, decimals -> REAL (decimals lose exactness);
+- integers, durations -> INTEGER; floats -> REAL; decimals -> TEXT holding their exact digits
+  (`12345678901234567890`, `12.50`): a decimal(38,0) key beyond int64 must stay distinct;
 - bool -> BOOLEAN (stored 0/1, read back as bool); strings -> TEXT; binary -> BLOB;
 - timestamps -> TEXT, ISO 8601 with the column's own precision (`2024-05-01T12:00:00.123`); zoned
   timestamps are converted to UTC and end in `Z`. Fixed width per column, so an order column of
@@ -68,7 +69,9 @@ def _normalize(column: pa.ChunkedArray) -> pa.ChunkedArray:
         return pc.strftime(column.cast(pa.timestamp(arrow_type.unit, "UTC")), format=_TIMESTAMP_FORMAT + "Z")
     if pa.types.is_date(arrow_type) or pa.types.is_time(arrow_type):
         return column.cast(pa.string())
-    if pa.types.is_decimal(arrow_type) or pa.types.is_float16(arrow_type):
+    if pa.types.is_decimal(arrow_type):
+        return column.cast(pa.string())
+    if pa.types.is_float16(arrow_type):
         return column.cast(pa.float64())
     if pa.types.is_duration(arrow_type):
         return column.cast(pa.int64())
@@ -89,7 +92,7 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, dt.timedelta):
         return value.total_seconds()
     if isinstance(value, decimal.Decimal):
-        return float(value)
+        return str(value)
     if isinstance(value, bytes):
         return base64.b64encode(value).decode()
     raise TypeError(f"{type(value).__name__} cannot be stored as JSON")

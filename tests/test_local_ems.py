@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import io
 import json
 import logging
@@ -475,3 +476,25 @@ def test_cli_serves_an_upload_and_stops_on_sigterm(tmp_path: Path) -> None:
     assert SECRET not in stderr
     assert "stopped" in stderr
     assert json.dumps(AUTH) not in stderr
+
+
+def test_decimal_keys_beyond_int64_stay_distinct_and_exact(tmp_path):
+    """A decimal(38,0) id must not collapse through a float: 12345678901234567890 and ...891 are two rows."""
+    server = LocalEmsServer(tmp_path / "ems-decimal", "AppKey k")
+    server.start()
+    try:
+        ids = pa.array([decimal.Decimal("12345678901234567890"), decimal.Decimal("12345678901234567891")],
+                       pa.decimal128(38, 0))
+        table = pa.table({"id": ids, "amount": pa.array([decimal.Decimal("12.50")] * 2, pa.decimal128(10, 2)),
+                          "_offset": pa.array([0, 1], pa.int64())})
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        response = requests.post(server.items_url(), params={"targetName": "big", "primaryKeys": "id",
+                                 "duplicateRemovalOrderColumn": "_offset"}, headers={"Authorization": "AppKey k"},
+                                 files={"file": ("big.parquet", sink.getvalue().to_pybytes())}, timeout=10)
+        assert response.status_code == 200, response.text
+        rows = sorted(server.table("big"), key=lambda r: r["id"])
+        assert [(r["id"], r["amount"]) for r in rows] == [
+            ("12345678901234567890", "12.50"), ("12345678901234567891", "12.50")]
+    finally:
+        server.stop()
