@@ -253,7 +253,9 @@ class Pipeline:
             self.health.update(broker_ok=False, reason=f"broker unreachable: {exc}")
             return
         self.health.update(broker_ok=True)
-        self.metrics.record_lag(committed, latest)
+        # Where nothing is committed yet, lag counts from the resolved start position: a fresh
+        # deployment facing a backlog, or an endpoint down from the start, must show lag at once.
+        self.metrics.record_lag({**self._commits.positions, **committed} if self._commits else committed, latest)
         self.metrics.record_admission(self.state_dir / PENDING_STATE_FILE)
 
     def _report_range(self, row) -> None:

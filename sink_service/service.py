@@ -7,10 +7,12 @@ policy). Everything else is retried from the committed offsets while the process
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 
 from confluent_kafka import KafkaException
@@ -21,6 +23,7 @@ from sink_service.health import Health, HealthServer
 from sink_service.kafka_source.offsets import OffsetGapError
 from sink_service.metrics import SinkMetrics
 from sink_service.pipeline import Pipeline, start_spark
+from sink_service.scratch import ScratchBusy, claim_scratch
 
 log = logging.getLogger("sink_service")
 
@@ -50,6 +53,13 @@ class SinkService:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
+        try:
+            scratch = claim_scratch(Path(self.config.scratch_dir))
+        except ScratchBusy as exc:
+            log.error("%s", exc)
+            return EXIT_CONFIG
+        log.info("scratch area %s (SINK_SCRATCH_DIR=%s)", scratch.path, self.config.scratch_dir)
+        self.config = dataclasses.replace(self.config, scratch_dir=str(scratch.path))
         server = None
         if self.config.http_port:
             server = HealthServer(self.health, self.config.http_port, self._metrics_exposition)
@@ -65,6 +75,7 @@ class SinkService:
             return self._supervise(self._pipeline)
         finally:
             spark.stop()
+            scratch.release()
             if server is not None:
                 server.stop()
             log.info("stopped")
@@ -91,6 +102,7 @@ class SinkService:
                 backoff_s = self._backoff(backoff_s)
                 continue
             self.health.update(query_running=True)
+            pipeline.refresh_offset_metrics()  # lag from the first moment, not after the monitor's first tick
             while query.isActive and not self._stop_requested.is_set():
                 try:
                     query.awaitTermination(0.5)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import re
 
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
 from devkit.kafka_data import Workload, committed_offsets, end_offsets
 from local_ems.server import LocalEmsServer
 
@@ -65,3 +68,18 @@ def assert_ranges_cover(ems: LocalEmsServer, topic: str, ends: dict[int, int], a
             covered = max(covered, last + 1)
         assert covered == end, f"{topic}:{partition}: uploads end at {covered}, partition ends at {end}"
     return files
+
+
+def scrape_metrics(port: int) -> dict[tuple[str, tuple], float]:
+    """Every sample of the service's /metrics, keyed by (name, sorted labels)."""
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def metric_total(samples: dict, name: str, **labels: str) -> float:
+    """The sum of `name` over the samples whose labels include `labels`."""
+    return sum(v for (n, ls), v in samples.items() if n == name and all((k, v2) in ls for k, v2 in labels.items()))

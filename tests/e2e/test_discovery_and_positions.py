@@ -23,8 +23,14 @@ from devkit.kafka_data import (
     recreate_topic,
 )
 from devkit.service_process import ServiceProcess, wait_until
-from tests.e2e.checks import all_committed, assert_ranges_cover, assert_table_exact, uploaded_ranges
-from tests.e2e.test_metrics import _scrape, _total
+from tests.e2e.checks import (
+    all_committed,
+    assert_ranges_cover,
+    assert_table_exact,
+    metric_total,
+    scrape_metrics,
+    uploaded_ranges,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -320,7 +326,7 @@ def test_awkward_json_drains_exactly_in_few_files(bootstrap, ems, unique, servic
     service = services(env)
     _wait_all_committed(bootstrap, group, big_keys, 1, service)
     _wait_all_committed(bootstrap, group, awkward, 1, service)  # today: stalls forever on `meta: {}`
-    samples = _scrape(int(env["SINK_HTTP_PORT"]))
+    samples = scrape_metrics(int(env["SINK_HTTP_PORT"]))
     assert service.terminate() == 0
 
     rows = {str(row["id"]): row for row in ems.table(awkward)}
@@ -329,8 +335,8 @@ def test_awkward_json_drains_exactly_in_few_files(bootstrap, ems, unique, servic
              for key, value in expected.items() for field, want in value.items()
              if not _same_value(rows[str(key)].get(field), want, field)]
     assert not wrong, f"{len(wrong)} value(s) changed: {wrong[:10]}"
-    assert _total(samples, "sink_bad_records_total", topic=awkward) == 3  # not UTF-8, raw newline, tombstone
-    assert _total(samples, "sink_bad_records_total", topic=awkward, reason="tombstone") == 1
+    assert metric_total(samples, "sink_bad_records_total", topic=awkward) == 3  # not UTF-8, raw newline, tombstone
+    assert metric_total(samples, "sink_bad_records_total", topic=awkward, reason="tombstone") == 1
     files = len(uploaded_ranges(ems, awkward)[0])
     assert files <= 5, f"{files} files for one partition of {len(records)} records"
 

@@ -6,28 +6,13 @@ import json
 import time
 
 import pytest
-import requests
 from confluent_kafka import Producer
-from prometheus_client.parser import text_string_to_metric_families
 
 from devkit.kafka_data import create_topics
 from devkit.service_process import wait_until
-from tests.e2e.checks import all_committed
+from tests.e2e.checks import all_committed, metric_total, scrape_metrics
 
 pytestmark = pytest.mark.e2e
-
-
-def _scrape(port: int) -> dict[tuple[str, tuple], float]:
-    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def _total(samples: dict, name: str, **labels: str) -> float:
-    return sum(v for (n, ls), v in samples.items() if n == name and all((k, v2) in ls for k, v2 in labels.items()))
 
 
 def test_metrics_match_a_known_workload(bootstrap, ems, unique, service_env, services):
@@ -48,25 +33,25 @@ def test_metrics_match_a_known_workload(bootstrap, ems, unique, service_env, ser
     port = int(env["SINK_HTTP_PORT"])
     service = services(env)
     wait_until(lambda: all_committed(bootstrap, group, topic, 2), 180, "all commits", process=service)
-    wait_until(lambda: _total(_scrape(port), "sink_consumer_lag_records", topic=topic) == 0
-               and len(_total_by_partition(_scrape(port), "sink_consumer_lag_records", topic)) == 2,
+    wait_until(lambda: metric_total(scrape_metrics(port), "sink_consumer_lag_records", topic=topic) == 0
+               and len(_total_by_partition(scrape_metrics(port), "sink_consumer_lag_records", topic)) == 2,
                30, "lag to be reported as 0", process=service)
-    samples = _scrape(port)
+    samples = scrape_metrics(port)
     uploads = ems.uploads(topic)
     assert service.terminate() == 0
 
-    assert _total(samples, "sink_records_read_total", topic=topic) == 3002
-    assert _total(samples, "sink_records_written_total", topic=topic) == 3000
-    assert _total(samples, "sink_records_uploaded_total", topic=topic) == 3000
-    assert _total(samples, "sink_files_uploaded_total", topic=topic) == len(uploads)
-    assert _total(samples, "sink_uploaded_bytes_total", topic=topic) == sum(u["bytes"] for u in uploads)
-    assert _total(samples, "sink_upload_duration_seconds_count") == len(uploads)
-    assert _total(samples, "sink_upload_retries_total", reason="http_503") == 2
-    assert _total(samples, "sink_upload_failures_total") == 0
-    assert _total(samples, "sink_bad_records_total", topic=topic, reason="invalid_json") == 1
-    assert _total(samples, "sink_bad_records_total", topic=topic, reason="tombstone") == 1
-    assert _total(samples, "sink_pending_records", topic=topic) == 0
-    assert _total(samples, "sink_microbatch_duration_seconds_count") >= 1
+    assert metric_total(samples, "sink_records_read_total", topic=topic) == 3002
+    assert metric_total(samples, "sink_records_written_total", topic=topic) == 3000
+    assert metric_total(samples, "sink_records_uploaded_total", topic=topic) == 3000
+    assert metric_total(samples, "sink_files_uploaded_total", topic=topic) == len(uploads)
+    assert metric_total(samples, "sink_uploaded_bytes_total", topic=topic) == sum(u["bytes"] for u in uploads)
+    assert metric_total(samples, "sink_upload_duration_seconds_count") == len(uploads)
+    assert metric_total(samples, "sink_upload_retries_total", reason="http_503") == 2
+    assert metric_total(samples, "sink_upload_failures_total") == 0
+    assert metric_total(samples, "sink_bad_records_total", topic=topic, reason="invalid_json") == 1
+    assert metric_total(samples, "sink_bad_records_total", topic=topic, reason="tombstone") == 1
+    assert metric_total(samples, "sink_pending_records", topic=topic) == 0
+    assert metric_total(samples, "sink_microbatch_duration_seconds_count") >= 1
     commits = _total_by_partition(samples, "sink_last_commit_timestamp_seconds", topic)
     assert len(commits) == 2 and all(started < t <= time.time() for t in commits.values())
     committed = _total_by_partition(samples, "sink_committed_offset", topic)

@@ -1,0 +1,69 @@
+"""Operating several services on one host, and what an operator sees before the first commit."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from devkit.kafka_data import Workload, create_topics, end_offsets, produce_orders
+from devkit.service_process import wait_until
+from local_ems.server import LocalEmsServer
+from tests.e2e.checks import all_committed, metric_total, scrape_metrics, table_matches
+from tests.e2e.conftest import AUTHORIZATION
+
+pytestmark = pytest.mark.e2e
+
+
+def test_two_services_sharing_a_scratch_directory_do_not_disturb_each_other(
+        bootstrap, ems, unique, service_env, services, tmp_path):
+    shared = str(tmp_path / "shared-scratch")  # as two services on the default directory would
+    first, second = unique("host-a"), unique("host-b")
+    create_topics(bootstrap, {first: 2, second: 2})
+    workload = Workload()
+    service_a = services(service_env(first, unique("group"), SINK_SCRATCH_DIR=shared, SINK_FLUSH_RECORDS=500))
+    for burst in range(6):  # records keep flowing to both while the second one starts
+        produce_orders(bootstrap, first, keys=300, updates=1, workload=workload, seed=burst, key_prefix=f"a{burst}")
+        produce_orders(bootstrap, second, keys=300, updates=1, workload=workload, seed=burst, key_prefix=f"b{burst}")
+        if burst == 2:
+            service_b = services(service_env(second, unique("group"), SINK_SCRATCH_DIR=shared,
+                                             SINK_FLUSH_RECORDS=500))
+        time.sleep(1)
+    for topic, service in ((first, service_a), (second, service_b)):
+        wait_until(lambda t=topic: table_matches(ems, t, workload), 120, f"delivery of {topic}", process=service)
+    assert service_a.terminate() == 0 and service_b.terminate() == 0
+    for service in (service_a, service_b):
+        assert "micro-batch failed" not in service.output(), service.output()[-3000:]
+    assert f"scratch area {shared}/instance-0" in service_a.output()
+    assert f"scratch area {shared}/instance-1" in service_b.output()
+
+
+def test_lag_shows_from_the_start_while_the_endpoint_is_down(bootstrap, unique, service_env, services, tmp_path):
+    down = LocalEmsServer(tmp_path / "ems-down", AUTHORIZATION)
+    down.start()
+    try:
+        down.inject_fault(503)
+        topic, group = unique("lag"), unique("group")
+        create_topics(bootstrap, {topic: 3})
+        produce_orders(bootstrap, topic, keys=3000, updates=3, workload=Workload())
+        backlog = sum(end_offsets(bootstrap, topic, 3).values())
+        env = service_env(topic, group, SINK_EMS_ENDPOINT=down.items_url(), SINK_UPLOAD_RETRY_BUDGET_MS=60000)
+        port = int(env["SINK_HTTP_PORT"])
+        started = time.monotonic()
+        service = services(env)
+
+        def lag_by_partition() -> dict[str, float]:
+            try:
+                samples = scrape_metrics(port)
+            except Exception:
+                return {}
+            return {dict(labels)["partition"]: value for (name, labels), value in samples.items()
+                    if name == "sink_consumer_lag_records" and dict(labels).get("topic") == topic}
+
+        wait_until(lambda: sum(lag_by_partition().values()) == backlog and len(lag_by_partition()) == 3,
+                   15, "lag series adding up to the backlog", process=service)
+        assert time.monotonic() - started < 15
+        assert metric_total(scrape_metrics(port), "sink_committed_offset", topic=topic) == 0
+        assert not all_committed(bootstrap, group, topic, 3)
+    finally:
+        down.stop()
