@@ -1,4 +1,4 @@
-"""Decode throughput of `sink_service.records.decode` on typical chunks (no Kafka, no Spark).
+"""Decode throughput of `sink_service.decode.decode` on typical chunks (no Kafka, no Spark).
 
     .venv/bin/python -m bench.decode_speed
 
@@ -14,7 +14,7 @@ import time
 import pyarrow as pa
 
 from bench.workload import WorkloadSpec, build_records
-from sink_service.records import RAW_SCHEMA, DecodeSpec, decode
+from sink_service.decode import RAW_SCHEMA, DecodeSpec, decode
 
 RECORDS = 20_000
 RUNS = 25

@@ -469,7 +469,7 @@ def _check_records(c: SinkConfig) -> list[str]:
             schema = parse_ddl(c.value_schema)
         except DdlError as exc:
             return [f"SINK_VALUE_SCHEMA is not valid Spark DDL: {exc}."]
-        from sink_service.records import METADATA_COLUMNS
+        from sink_service.decode.metadata import METADATA_COLUMNS
 
         known = set(schema.names) | set(METADATA_COLUMNS)
         for key in c.primary_keys:

@@ -20,10 +20,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sink_service.decode import BadRecord, DecodedChunk, DecodeSpec, decode
 from sink_service.kafka_source.admission import Range
 from sink_service.parquet_files import ClosedFile, PartitionFileWriter
 from sink_service.planner_hints import encode_schema
-from sink_service.records import BadRecord, DecodedChunk, DecodeSpec, decode
 from uploader.errors import FatalUploadError, RetryableUploadError
 from uploader.target import FileMetadata, Receipt, UploadTarget
 

@@ -26,6 +26,7 @@ from pyspark.sql.streaming import StreamingQuery
 from sink_service import java_home, spark_home
 from sink_service.config import SinkConfig
 from sink_service.ddl import parse_ddl
+from sink_service.decode import DecodeSpec
 from sink_service.health import Health
 from sink_service.kafka_source.datasource import (
     FORMAT_NAME,
@@ -38,7 +39,6 @@ from sink_service.metrics import SinkMetrics
 from sink_service.offset_commit import ContiguousCommits, RangeOutcome
 from sink_service.partition_task import ERROR_PROCESSING, STATUS_FATAL, STATUS_OK, TaskSpec
 from sink_service.planner_hints import PlannerHints
-from sink_service.records import DecodeSpec
 from sink_service.repeated_failures import Failure, RepeatedFailures, Streak
 from sink_service.targets import build_target, target_settings
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from sink_service.column_types import join_schemas
+from sink_service.decode.column_types import join_schemas
 
 HINTS_FILE = "planner-hints.json"
 

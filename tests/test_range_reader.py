@@ -11,11 +11,11 @@ import pytest
 from confluent_kafka import Producer
 
 from devkit.kafka_data import Workload, create_topics, produce_orders
+from sink_service.decode import DecodeSpec
 from sink_service.kafka_source import range_reader
 from sink_service.kafka_source.admission import Range
 from sink_service.kafka_source.range_reader import BATCH_RECORDS, _consumer, consumer_config, read_range
 from sink_service.partition_task import TaskSpec, process_range
-from sink_service.records import DecodeSpec
 from sink_service.targets import build_target
 from uploader.directory import DirectorySettings
 from uploader.retry import RetryPolicy

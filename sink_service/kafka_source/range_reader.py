@@ -13,8 +13,8 @@ from collections.abc import Iterator, Mapping
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from sink_service.decode.raw import RAW_SCHEMA
 from sink_service.kafka_source.admission import Range
-from sink_service.records import RAW_SCHEMA
 
 BATCH_RECORDS = 20_000
 # A planned range lies below the last stable offset, so silence this long means trouble.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from sink_service.json_paths import ITEM, big_integer_digits, quote_at, quote_mixed
+from sink_service.decode.json_paths import ITEM, big_integer_digits, quote_at, quote_mixed
 
 
 def test_quote_mixed_leaves_values_alone_when_no_path_mixes_kinds():

@@ -370,7 +370,7 @@ def test_written_schema_is_the_widest_type_written(tmp_path):
 
 
 def test_empty_objects_and_arrays_from_decode_are_written(tmp_path):
-    from sink_service.records import RAW_SCHEMA, DecodeSpec, decode
+    from sink_service.decode import RAW_SCHEMA, DecodeSpec, decode
     values = [b'{"order_id": 1, "meta": {}}', b'{"order_id": 2, "tags": [], "objs": [{}], "s": {"e": {}}}']
     raw = pa.RecordBatch.from_pylist(
         [{"topic": TOPIC, "partition": PARTITION, "offset": i, "timestamp_ms": 0, "key": None, "value": v}
@@ -387,7 +387,7 @@ def test_empty_objects_and_arrays_from_decode_are_written(tmp_path):
 
 
 def test_awkward_json_is_decoded_written_and_read_back_exactly(tmp_path):
-    from sink_service.records import RAW_SCHEMA, DecodeSpec, decode
+    from sink_service.decode import RAW_SCHEMA, DecodeSpec, decode
     blob = "b" * 300_000
     records = [  # (value, what the row holds once read back; None: a bad record)
         (b'{"id": 1, "meta": {}, "x": 1}', {"x": "1"}),

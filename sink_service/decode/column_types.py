@@ -21,7 +21,7 @@ that overflows) makes that field a string instead: the join is the least *type*,
 is what guarantees that no value changes. Other distinct types (e.g. a timestamp beside a date)
 join to string as well; integers of other widths and floats join as the numbers they are.
 A value already made text stays that text: an array mixing kinds (`[1, "a"]`, typed by
-`sink_service.json_paths` as the list `["1", "a"]`) joined with a scalar is `["1","a"]`.
+`sink_service.decode.json_paths` as the list `["1", "a"]`) joined with a scalar is `["1","a"]`.
 """
 
 from __future__ import annotations

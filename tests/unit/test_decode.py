@@ -9,7 +9,8 @@ import pyarrow as pa
 import pytest
 
 from sink_service.ddl import parse_ddl
-from sink_service.records import METADATA_COLUMNS, RAW_SCHEMA, BadRecord, DecodeSpec, decode
+from sink_service.decode import RAW_SCHEMA, BadRecord, DecodeSpec, decode
+from sink_service.decode.metadata import METADATA_COLUMNS
 
 TOPIC, PARTITION = "orders", 3
 INFER = DecodeSpec(None, (), "_offset")

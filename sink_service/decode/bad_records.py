@@ -1,0 +1,51 @@
+"""Records that cannot become rows, named by topic, partition and offset, with a stable kind.
+
+Every stage reports what it rejects as `{row: (reason, kind)}` against the raw batch it was
+given; `reject` turns that into `BadRecord`s and the batch without those rows, so the stages
+stay free of Kafka positions and a healthy batch is never copied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+BAD_RECORD_KINDS = (
+    "tombstone", "empty_value", "invalid_json", "schema_mismatch", "reserved_field", "missing_key", "unwritable",
+)
+Failures = dict[int, tuple[str, str]]  # row -> (reason, kind)
+
+
+@dataclass(frozen=True)
+class BadRecord:
+    topic: str
+    partition: int
+    offset: int
+    reason: str
+    kind: str = "invalid_json"  # stable label for metrics: see BAD_RECORD_KINDS
+
+    def describe(self) -> str:
+        return f"topic={self.topic} partition={self.partition} offset={self.offset}: {self.reason}"
+
+
+def bad_records(raw: pa.RecordBatch, failures: Failures) -> list[BadRecord]:
+    """A `BadRecord` per failing row of `raw` (a batch of `RAW_SCHEMA`), in row order."""
+    topic, partition, offsets = raw.column("topic"), raw.column("partition"), raw.column("offset")
+    return [BadRecord(topic[row].as_py(), partition[row].as_py(), offsets[row].as_py(), reason, kind)
+            for row, (reason, kind) in sorted(failures.items())]
+
+
+def kept(rows: int, failures: Failures) -> pa.Array:
+    """The filter mask that keeps every row but the failing ones."""
+    mask = np.ones(rows, dtype=bool)
+    mask[list(failures)] = False
+    return pa.array(mask)
+
+
+def reject(raw: pa.RecordBatch, failures: Failures) -> tuple[pa.RecordBatch, list[BadRecord]]:
+    """`raw` without the failing rows, and a `BadRecord` for each of them."""
+    if not failures:
+        return raw, []
+    return raw.filter(kept(raw.num_rows, failures)), bad_records(raw, failures)
