@@ -212,8 +212,12 @@ def without_empty_structs(table: pa.Table) -> pa.Table:
     """
     if not any(_has_empty_struct(f.type) for f in table.schema):
         return table
-    columns = {name: _without_empty(table.column(name).combine_chunks()) for name in table.column_names}
-    return pa.table({name: column for name, column in columns.items() if column is not None})
+    for name in table.column_names:
+        column = _without_empty(table.column(name).combine_chunks())
+        index = table.schema.get_field_index(name)
+        # Dropped, not rebuilt: a table rebuilt from no columns would have no rows either.
+        table = table.remove_column(index) if column is None else table.set_column(index, name, column)
+    return table
 
 
 def _has_empty_struct(type_: pa.DataType) -> bool:

@@ -125,3 +125,8 @@ def test_without_empty_structs():
     assert result.to_pylist() == [{"id": 2, "s": None, "l": []}, {"id": 3, "s": {"n": 3}, "l": None}]
     plain = pa.table({"a": [1]})
     assert without_empty_structs(plain) is plain
+
+
+def test_without_empty_structs_keeps_the_rows_when_no_column_is_left():
+    table = pa.table({"meta": pa.array([{}, {}], pa.struct([]))})
+    assert without_empty_structs(table).num_rows == 2

@@ -403,3 +403,9 @@ def test_arrays_that_mix_kinds_keep_every_element_as_text(value, field, expected
 def test_a_mixed_array_with_a_duplicate_key_is_still_a_bad_record():
     chunk = decode(raw_batch([b'{"x": [1, "a"], "y": 1, "y": 2}']), INFER)
     assert bad_offsets(chunk) == [100]
+
+
+def test_a_value_holding_only_empty_objects_is_a_row_with_its_metadata():
+    chunk = decode(raw_batch([b'{"meta": {}}', b'{"meta": {"inner": {}}}']), INFER)
+    assert chunk.bad_records == []
+    assert [r["_offset"] for r in rows(chunk)] == [100, 101]
