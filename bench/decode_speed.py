@@ -29,6 +29,7 @@ def _raw(values: list[bytes], keys: list[bytes] | None = None) -> pa.RecordBatch
         pa.array([1_700_000_000_000 + i for i in range(n)], pa.int64()),
         pa.array(keys or [None] * n, pa.binary()),
         pa.array(values, pa.binary()),
+        pa.nulls(n, RAW_SCHEMA.field("headers").type),
     ], schema=RAW_SCHEMA)
 
 

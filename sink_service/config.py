@@ -121,12 +121,34 @@ class SinkConfig:
     # --- Records ------------------------------------------------------------------------------
     primary_keys: tuple[str, ...] = setting(
         "SINK_PRIMARY_KEYS", "Comma-separated value fields forming the primary key. A record "
-        "missing one, or with a null, is a bad record. `_key` (the Kafka key) may be used.", (),
+        "missing one, or with a null, is a bad record. `_key` (the Kafka key) may be used. Unset with "
+        "`SINK_KEY_FORMAT=json`: the key's fields (with their prefix), which every key must then have.", (),
         group="Records")
     order_field: str = setting(
         "SINK_ORDER_FIELD", "Column sent as `duplicateRemovalOrderColumn`; the endpoint keeps the "
         "row with the highest value per key. Default: `_offset`, the Kafka offset.", "_offset",
         group="Records")
+    key_format: str = setting(
+        "SINK_KEY_FORMAT", "How the Kafka key is read: `string` (the `_key` column holds its text), `raw` "
+        "(`_key` holds its bytes) or `json` (a JSON object whose fields become columns, `_key` holding its "
+        "text; a key that is not an object is a bad record). A key field and a value field with the same "
+        "name share one column, and the value wins: the key's is used only where the value lacks the field.",
+        "string", choices=("string", "json", "raw"), group="Records")
+    key_fields_prefix: str = setting(
+        "SINK_KEY_FIELDS_PREFIX", "Put before the name of each JSON key field, e.g. `key_`, so key and "
+        "value fields cannot share a name. Only with `SINK_KEY_FORMAT=json`.", "", group="Records")
+    tombstones: str = setting(
+        "SINK_TOMBSTONES", "Records with a null value (deletes): `skip` leaves them out, counted and logged "
+        "as bad records of kind `tombstone`, never stopping the service; `fail` makes them bad records under "
+        "`SINK_ERROR_POLICY`; `soft-delete` writes a row with the key fields, the metadata columns and "
+        "`_deleted=true`, and `_deleted=false` on every other row (needs primary keys a tombstone carries: "
+        "JSON key fields or `_key`, and a metadata order field).", "skip",
+        choices=("fail", "skip", "soft-delete"), group="Records")
+    metadata_columns: tuple[str, ...] = setting(
+        "SINK_METADATA_COLUMNS", "Comma-separated Kafka metadata columns written: any of `_key`, `_topic`, "
+        "`_partition`, `_offset`, `_timestamp` and `_headers` (the record's headers as a JSON object), or "
+        "`none`. The order field and primary keys among them are written in any case.",
+        ("_key", "_topic", "_partition", "_offset", "_timestamp"), group="Records")
     value_schema: str | None = setting(
         "SINK_VALUE_SCHEMA", "Optional Spark DDL for the JSON value, e.g. `id STRING, amount "
         "DOUBLE`. Fields not declared are not written. When absent the schema is inferred and no "
@@ -254,6 +276,10 @@ class SinkConfig:
     # --- Derived values -----------------------------------------------------------------------
     def table_for(self, topic: str) -> str:
         return (self.ems_target_table or "{topic}").replace("{topic}", topic)
+
+    def selected_metadata_columns(self) -> tuple[str, ...]:
+        """SINK_METADATA_COLUMNS without `none`, which selects no column."""
+        return tuple(name for name in self.metadata_columns if name != "none")
 
     def masked(self) -> dict[str, Any]:
         """Effective configuration with secrets masked, for the startup log."""
@@ -473,7 +499,7 @@ def _check_records(c: SinkConfig) -> list[str]:
 
         known = set(schema.names) | set(METADATA_COLUMNS)
         for key in c.primary_keys:
-            if key not in known:
+            if key not in known and c.key_format != "json":  # JSON keys bring fields of their own
                 problems.append(f"SINK_PRIMARY_KEYS names `{key}`, which SINK_VALUE_SCHEMA does not declare.")
         if c.order_field not in known:
             problems.append(f"SINK_ORDER_FIELD names `{c.order_field}`, which SINK_VALUE_SCHEMA does not declare.")
@@ -482,7 +508,41 @@ def _check_records(c: SinkConfig) -> list[str]:
     return problems
 
 
-_CHECKS: tuple[Callable[[SinkConfig], list[str]], ...] = (_check_kafka, _check_target, _check_tls, _check_records)
+def _check_keys_and_metadata(c: SinkConfig) -> list[str]:
+    from sink_service.decode.metadata import METADATA_COLUMNS
+
+    problems = []
+    for name in c.metadata_columns:
+        if name not in (*METADATA_COLUMNS, "none"):
+            problems.append(f"SINK_METADATA_COLUMNS names `{name}`; choose from {', '.join(METADATA_COLUMNS)}, "
+                            "or `none`.")
+    if "none" in c.metadata_columns and len(c.metadata_columns) > 1:
+        problems.append("SINK_METADATA_COLUMNS lists `none` beside columns; give either.")
+    if c.key_fields_prefix and c.key_format != "json":
+        problems.append("SINK_KEY_FIELDS_PREFIX applies only to JSON key fields; set SINK_KEY_FORMAT=json or "
+                        "remove it.")
+    if c.tombstones == "soft-delete":
+        problems += _check_soft_delete(c, METADATA_COLUMNS)
+    return problems
+
+
+def _check_soft_delete(c: SinkConfig, metadata: tuple[str, ...]) -> list[str]:
+    """A tombstone has no value: its row holds only the key's fields and metadata, which must place it."""
+    problems = []
+    if not c.primary_keys and c.key_format != "json":
+        problems.append("SINK_TOMBSTONES=soft-delete needs primary keys a tombstone carries: set "
+                        "SINK_KEY_FORMAT=json (the key's fields are then the primary keys) or SINK_PRIMARY_KEYS=_key.")
+    elif c.key_format != "json" and set(c.primary_keys) != {"_key"}:
+        problems.append("SINK_TOMBSTONES=soft-delete: a tombstone carries only its key, so SINK_PRIMARY_KEYS must "
+                        "be `_key` or fields of a JSON key (SINK_KEY_FORMAT=json).")
+    if c.order_field not in metadata:
+        problems.append(f"SINK_TOMBSTONES=soft-delete: SINK_ORDER_FIELD=`{c.order_field}` is a value field, which a "
+                        "tombstone does not have; use `_offset` or `_timestamp`.")
+    return problems
+
+
+_CHECKS: tuple[Callable[[SinkConfig], list[str]], ...] = (
+    _check_kafka, _check_target, _check_tls, _check_records, _check_keys_and_metadata)
 
 
 def reference_markdown() -> str:

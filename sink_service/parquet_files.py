@@ -59,11 +59,12 @@ def _stored(type_: pa.DataType) -> pa.DataType:
     return type_
 
 
-def _stored_schema(schema: pa.Schema) -> pa.Schema:
+def _stored_schema(schema: pa.Schema, unstored: frozenset[str]) -> pa.Schema:
     """A column that holds only nulls so far is left out: it carries no value, and writing it as
     string would change its stored type once a value arrives (an upsert of a row without the
-    column leaves it null, as writing the nulls would)."""
-    return pa.schema([f.with_type(_stored(f.type)) for f in schema if not pa.types.is_null(f.type)])
+    column leaves it null, as writing the nulls would). So are the `unstored` ones."""
+    return pa.schema([f.with_type(_stored(f.type)) for f in schema
+                      if not pa.types.is_null(f.type) and f.name not in unstored])
 
 
 class PartitionFileWriter:
@@ -71,6 +72,8 @@ class PartitionFileWriter:
 
     `floor`: the widest types already written for this topic elsewhere (e.g. the join of other
     writers' `written_schema`); a chunk's column typed narrower than its floor is cast up to it.
+    `unstored`: columns the rows carry for bookkeeping that files leave out (`_offset`, which
+    bounds files, when SINK_METADATA_COLUMNS does not write it).
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class PartitionFileWriter:
         compression: str,
         on_close: Callable[[ClosedFile], None],
         floor: pa.Schema | None = None,
+        unstored: tuple[str, ...] = (),
     ):
         self._directory = directory
         self._topic = topic
@@ -93,6 +97,7 @@ class PartitionFileWriter:
         self._compression = None if compression == "none" else compression
         self._on_close = on_close
         self._floor = floor
+        self._unstored = frozenset(unstored)
         self._row_group_bytes = max(64 * 1024, min(max_bytes, ROW_GROUP_MAX_BYTES))
         self._schema: pa.Schema | None = None  # lattice types of the open file (or of the buffered rows)
         self._written: pa.Schema | None = None
@@ -184,17 +189,17 @@ class PartitionFileWriter:
             return
         rows = pa.concat_tables(self._buffer) if len(self._buffer) > 1 else self._buffer[0]
         self._buffer, self._buffered_rows, self._buffered_bytes = [], 0, 0
-        stored = _stored_schema(self._schema)
+        stored = _stored_schema(self._schema, self._unstored)
         if self._writer is None:
             self._directory.mkdir(parents=True, exist_ok=True)
             self._path = self._directory / f"{self._topic}-{self._partition}-{uuid.uuid4().hex}.parquet"
             self._writer = pq.ParquetWriter(self._path, stored, compression=self._compression)
             self._first_offset = rows.column("_offset")[0].as_py()
+        self._last_offset = rows.column("_offset")[-1].as_py()
         if stored != rows.schema:
             rows = rows.select(stored.names).cast(stored)
         self._writer.write_table(rows, row_group_size=rows.num_rows)
         self._file_rows += rows.num_rows
-        self._last_offset = rows.column("_offset")[-1].as_py()
         if os.path.getsize(self._path) >= self._max_bytes:
             self._close_file()
 
@@ -211,7 +216,7 @@ class PartitionFileWriter:
             last_offset=self._last_offset,
             record_count=self._file_rows,
             size_bytes=os.path.getsize(self._path),
-            schema_fingerprint=schema_fingerprint(_stored_schema(self._schema)),
+            schema_fingerprint=schema_fingerprint(_stored_schema(self._schema, self._unstored)),
         )
         self._writer, self._path, self._file_rows = None, None, 0
         self._on_close(closed)

@@ -9,6 +9,7 @@ and the driver decides what to commit and whether to replay or stop.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -127,6 +128,7 @@ class _Outcome:
 class _RangeProcessor:
     def __init__(self, spec: TaskSpec, rng: Range, floor: pa.Schema | None):
         self.spec = spec
+        self.decode_spec = spec.decode  # holds the primary keys once learned from the keys
         o = self.outcome = _Outcome(
             topic=rng.topic, partition=rng.partition, range_start=rng.start, range_end=rng.end
         )
@@ -141,6 +143,7 @@ class _RangeProcessor:
             compression=spec.compression,
             on_close=self._upload,
             floor=floor,
+            unstored=spec.decode.unstored_columns,
         )
 
     def _upload(self, closed: ClosedFile) -> None:
@@ -152,7 +155,7 @@ class _RangeProcessor:
             last_offset=closed.last_offset,
             record_count=closed.record_count,
             target_table=spec.table_for(closed.topic),
-            primary_keys=spec.decode.primary_keys,
+            primary_keys=self.decode_spec.primary_keys,
             order_column=spec.decode.order_field,
             schema_fingerprint=closed.schema_fingerprint,
         )
@@ -189,44 +192,48 @@ class _RangeProcessor:
         self.outcome.status, self.outcome.error = status, error
         raise _StopRange(error)
 
-    def _reject(self, bad: list[BadRecord]) -> None:
+    def _reject(self, bad: list[BadRecord], *, log_each: bool) -> None:
         o = self.outcome
         o.bad_records += len(bad)
         for record in bad:
             o.bad_reasons[record.kind] += 1
             if len(o.bad_samples) < MAX_BAD_SAMPLES:
                 o.bad_samples.append(record.describe())
-            if self.spec.error_policy == "skip":
+            if log_each:
                 log.warning("skipped bad record %s", record.describe())
 
     def process(self, raw: pa.RecordBatch) -> None:
         self.outcome.records_read += raw.num_rows
-        self._write(decode(raw, self.spec.decode))
+        self._write(decode(raw, self.decode_spec))
 
     def process_carefully(self, raw: pa.RecordBatch) -> None:
         """Like `process`, but a batch that cannot be decoded or encoded is halved until the
         records at fault are found; each becomes a bad record under the error policy."""
         self.outcome.records_read += raw.num_rows
-        for chunk in _bisect_unwritable(raw, self.spec):
+        for chunk in _bisect_unwritable(raw, self.decode_spec):
             self._write(chunk)
 
     def _write(self, chunk: DecodedChunk) -> None:
         o = self.outcome
+        if chunk.primary_keys != self.decode_spec.primary_keys:  # learned from the first key
+            self.decode_spec = dataclasses.replace(self.decode_spec, primary_keys=chunk.primary_keys)
         if chunk.bad_records and self.spec.error_policy == "fail":
             first_bad = chunk.bad_records[0]
+            self._reject([s for s in chunk.skipped if s.offset < first_bad.offset], log_each=False)
             for segment in chunk.segments:
                 before = segment.filter(pa.compute.less(segment.column("_offset"), first_bad.offset))
                 if before.num_rows:
                     self.writer.append(before)
             self.writer.finish()
-            self._reject([first_bad])
+            self._reject([first_bad], log_each=False)
             o.committable = first_bad.offset
             self._stop(
                 STATUS_FATAL,
                 f"bad record {first_bad.describe()}. SINK_ERROR_POLICY=fail stops here; fix or "
                 "remove the record upstream, or set SINK_ERROR_POLICY=skip to log and skip such records.",
             )
-        self._reject(chunk.bad_records)
+        self._reject(chunk.skipped, log_each=False)  # left out on purpose (tombstones): never a failure
+        self._reject(chunk.bad_records, log_each=self.spec.error_policy == "skip")
         for segment in chunk.segments:
             self.writer.append(segment)
 
@@ -270,10 +277,10 @@ def _probe(table: pa.Table) -> None:
     pq.write_table(table, pa.BufferOutputStream())
 
 
-def _bisect_unwritable(raw: pa.RecordBatch, spec: TaskSpec) -> Iterator[DecodedChunk]:
+def _bisect_unwritable(raw: pa.RecordBatch, spec: DecodeSpec) -> Iterator[DecodedChunk]:
     """Decoded chunks in offset order; a record that cannot be decoded or encoded is a bad record."""
     try:
-        chunk = decode(raw, spec.decode)
+        chunk = decode(raw, spec)
         for segment in chunk.segments:
             _probe(segment)
     except DATA_ERRORS as exc:

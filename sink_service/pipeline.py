@@ -114,7 +114,12 @@ class Pipeline:
         self._hints = PlannerHints()
         value_schema = parse_ddl(config.value_schema) if config.value_schema else None
         self.task_spec = TaskSpec(
-            decode=DecodeSpec(value_schema, config.primary_keys, config.order_field),
+            decode=DecodeSpec(
+                value_schema, config.primary_keys, config.order_field, key_format=config.key_format,
+                key_fields_prefix=config.key_fields_prefix, tombstones=config.tombstones,
+                metadata_columns=config.selected_metadata_columns(),
+                primary_keys_from_key=not config.primary_keys and config.key_format == "json",
+            ),
             target_settings=target_settings(config),
             build_target=build_target,
             table_template=config.ems_target_table or "{topic}",

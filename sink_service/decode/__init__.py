@@ -1,10 +1,11 @@
 """Raw Kafka records to typed rows, one stage per module, in the order `decode` runs them:
 
     raw.py              the raw batch the range reader yields (RAW_SCHEMA)
-    tombstones.py       records with a null value
+    keys.py             the Kafka key: `_key`, or with SINK_KEY_FORMAT=json its fields as columns
+    tombstones.py       records with a null value: skipped, bad records, or rows marked `_deleted`
     json_values.py      JSON object values to typed rows, chunk-wise (json_paths.py: the slow path's
                         JSON trees; declared_schema.py: SINK_VALUE_SCHEMA)
-    metadata.py         Kafka metadata as `_` columns (keys.py: the Kafka key)
+    metadata.py         Kafka metadata as `_` columns (headers.py: `_headers` as JSON)
     required_fields.py  rows without a primary key or order value
     bad_records.py      what could not become a row, by topic, partition and offset
     column_types.py     the widening lattice that joins types, here and between files
@@ -17,13 +18,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from sink_service.decode.bad_records import BadRecord, Failures, bad_records, kept, reject
+from sink_service.decode.bad_records import BadRecord, Failures, bad_records, kept
+from sink_service.decode.column_types import unify
 from sink_service.decode.json_values import parse_objects
-from sink_service.decode.metadata import split_reserved, with_metadata
+from sink_service.decode.keys import key_fields, learned_primary_keys, no_columns, unexpected_fields, with_key_fields
+from sink_service.decode.metadata import (
+    DEFAULT_METADATA_COLUMNS,
+    METADATA_COLUMNS,
+    OFFSET,
+    split_reserved,
+    with_metadata,
+    written_metadata,
+)
 from sink_service.decode.raw import RAW_SCHEMA
 from sink_service.decode.required_fields import missing_fields
-from sink_service.decode.tombstones import tombstone_failures
+from sink_service.decode.tombstones import DELETED, tombstone_failures, with_deleted
 
 __all__ = ["RAW_SCHEMA", "BadRecord", "DecodeSpec", "DecodedChunk", "decode"]
 
@@ -31,8 +42,27 @@ __all__ = ["RAW_SCHEMA", "BadRecord", "DecodeSpec", "DecodedChunk", "decode"]
 @dataclass(frozen=True)
 class DecodeSpec:
     value_schema: pa.Schema | None  # None: infer per chunk
+    # With `primary_keys_from_key`, empty until learned from a key (`DecodedChunk.primary_keys`).
     primary_keys: tuple[str, ...]
     order_field: str
+    key_format: str = "string"  # keys.KEY_FORMATS
+    key_fields_prefix: str = ""
+    tombstones: str = "skip"  # tombstones.TOMBSTONE_POLICIES
+    metadata_columns: tuple[str, ...] = DEFAULT_METADATA_COLUMNS  # as selected; see `written_metadata`
+    primary_keys_from_key: bool = False  # SINK_PRIMARY_KEYS unset with JSON keys: the key's fields
+
+    @property
+    def written_metadata(self) -> tuple[str, ...]:
+        return written_metadata(self.metadata_columns, self.order_field, self.primary_keys)
+
+    @property
+    def unstored_columns(self) -> tuple[str, ...]:
+        """Columns decoded for bookkeeping that files leave out: `_offset` when it is not written."""
+        return () if OFFSET in self.written_metadata else (OFFSET,)
+
+    @property
+    def reserved(self) -> tuple[str, ...]:
+        return METADATA_COLUMNS + ((DELETED,) if self.tombstones == "soft-delete" else ())
 
 
 @dataclass
@@ -40,32 +70,107 @@ class DecodedChunk:
     """Decoded rows in offset order: one segment (types joined by the lattice), none if no record is good."""
 
     segments: list[pa.Table] = field(default_factory=list)
-    bad_records: list[BadRecord] = field(default_factory=list)
+    bad_records: list[BadRecord] = field(default_factory=list)  # under SINK_ERROR_POLICY
+    skipped: list[BadRecord] = field(default_factory=list)  # left out on purpose (tombstones): never a failure
+    primary_keys: tuple[str, ...] = ()  # the spec's, or those learned from this chunk's keys
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Records and the fields decoded from them so far, row for row."""
+
+    raw: pa.RecordBatch
+    fields: pa.Table
+
+    def take(self, rows: pa.Array) -> _Rows:
+        return _Rows(self.raw.take(rows), self.fields.take(rows))
+
+    def filter(self, mask: pa.Array) -> _Rows:
+        return _Rows(self.raw.filter(mask), self.fields.filter(mask))
+
+    def without(self, failures: Failures, chunk: DecodedChunk) -> _Rows:
+        """These rows but the failing ones, which become the chunk's bad records."""
+        if not failures:
+            return self
+        chunk.bad_records += bad_records(self.raw, failures)
+        return self.filter(kept(self.raw.num_rows, failures))
 
 
 def decode(raw: pa.RecordBatch, spec: DecodeSpec) -> DecodedChunk:
     """Decode one raw batch of a single topic-partition into (at most) one segment."""
-    chunk = DecodedChunk()
-    raw, chunk.bad_records = reject(raw, tombstone_failures(raw.column("value")))
-    if raw.num_rows:
-        parsed = parse_objects(raw.column("value"), spec.value_schema)
-        chunk.bad_records += bad_records(raw, parsed.failures)
-        if parsed.table is not None:
-            raw = raw if parsed.rows is None else raw.take(parsed.rows)
-            values, reserved = split_reserved(parsed.table)
-            table, raw = _without(with_metadata(values, raw), raw, reserved, chunk)
-            table, raw = _without(table, raw, missing_fields(table, spec.primary_keys, spec.order_field), chunk)
-            if table.num_rows:
-                chunk.segments.append(table)
+    chunk = DecodedChunk(primary_keys=spec.primary_keys)
+    rows = _Rows(raw, no_columns(raw.num_rows))
+    if spec.key_format == "json" and raw.num_rows:
+        rows = _with_key_fields(rows, spec, chunk)
+    rows, deletions = _split_tombstones(rows, spec, chunk)
+    parts = [part for part in (_with_values(rows, spec, chunk), deletions) if part is not None and part.raw.num_rows]
+    if parts:
+        rows = _in_offset_order(parts)
+        table = with_metadata(rows.fields, rows.raw, spec.written_metadata, spec.key_format)
+        required = _required_failures(table, spec, chunk)
+        chunk.bad_records += bad_records(rows.raw, required)
+        table = table.filter(kept(table.num_rows, required)) if required else table
+        if table.num_rows:
+            chunk.segments.append(table)
     chunk.bad_records.sort(key=lambda b: b.offset)
     return chunk
 
 
-def _without(table: pa.Table, raw: pa.RecordBatch, failures: Failures,
-             chunk: DecodedChunk) -> tuple[pa.Table, pa.RecordBatch]:
-    """`table` and its records without the failing rows, which become the chunk's bad records."""
-    if not failures:
-        return table, raw
-    chunk.bad_records += bad_records(raw, failures)
-    mask = kept(table.num_rows, failures)
-    return table.filter(mask), raw.filter(mask)
+def _with_key_fields(rows: _Rows, spec: DecodeSpec, chunk: DecodedChunk) -> _Rows:
+    """The JSON keys' fields; with primary keys from the key, only those every key must have."""
+    keys = key_fields(rows.raw.column("key"), spec.key_fields_prefix)
+    rows = _Rows(rows.raw, keys.table).without(keys.failures, chunk)
+    if not spec.primary_keys_from_key:
+        return rows
+    chunk.primary_keys = chunk.primary_keys or learned_primary_keys(rows.fields)
+    fields, unexpected = unexpected_fields(rows.fields, chunk.primary_keys)
+    return _Rows(rows.raw, fields).without(unexpected, chunk)
+
+
+def _split_tombstones(rows: _Rows, spec: DecodeSpec, chunk: DecodedChunk) -> tuple[_Rows, _Rows | None]:
+    """The records with a value, and the deletion rows (SINK_TOMBSTONES=soft-delete) if any."""
+    values = rows.raw.column("value")
+    if not values.null_count:
+        return rows, None
+    present = pc.is_valid(values)
+    tombstones = rows.filter(pc.invert(present))
+    if spec.tombstones == "soft-delete":
+        return rows.filter(present), _marked(tombstones, spec, chunk, deleted=True)
+    failures = tombstone_failures(tombstones.raw, spec.tombstones)
+    (chunk.skipped if spec.tombstones == "skip" else chunk.bad_records).extend(bad_records(tombstones.raw, failures))
+    return rows.filter(present), None
+
+
+def _with_values(rows: _Rows, spec: DecodeSpec, chunk: DecodedChunk) -> _Rows | None:
+    """Rows of the values that parse, each with its key's fields."""
+    if not rows.raw.num_rows:
+        return None
+    parsed = parse_objects(rows.raw.column("value"), spec.value_schema)
+    chunk.bad_records += bad_records(rows.raw, parsed.failures)
+    if parsed.table is None:
+        return None
+    rows = rows if parsed.rows is None else rows.take(parsed.rows)
+    return _marked(_Rows(rows.raw, with_key_fields(rows.fields, parsed.table)), spec, chunk, deleted=False)
+
+
+def _marked(rows: _Rows, spec: DecodeSpec, chunk: DecodedChunk, *, deleted: bool) -> _Rows:
+    """Rows without those setting a reserved field; with `_deleted` under soft-delete."""
+    fields, reserved = split_reserved(rows.fields, spec.reserved)
+    rows = _Rows(rows.raw, fields).without(reserved, chunk)
+    return _Rows(rows.raw, with_deleted(rows.fields, deleted)) if spec.tombstones == "soft-delete" else rows
+
+
+def _in_offset_order(parts: list[_Rows]) -> _Rows:
+    """One set of rows: deletion rows merged into the value rows by offset."""
+    if len(parts) == 1:
+        return parts[0]
+    raw = pa.Table.from_batches([p.raw for p in parts]).combine_chunks().to_batches()[0]
+    rows = _Rows(raw, pa.concat_tables(unify([p.fields for p in parts])))
+    return rows.take(pc.sort_indices(raw.column("offset")))
+
+
+def _required_failures(table: pa.Table, spec: DecodeSpec, chunk: DecodedChunk) -> Failures:
+    if spec.primary_keys_from_key and not chunk.primary_keys:
+        reason = "record has no key, and the primary keys are the key's fields (SINK_PRIMARY_KEYS is unset)"
+        return {row: (reason, "missing_key") for row in range(table.num_rows)}
+    return missing_fields(table, chunk.primary_keys, spec.order_field)

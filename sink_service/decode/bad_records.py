@@ -1,8 +1,8 @@
 """Records that cannot become rows, named by topic, partition and offset, with a stable kind.
 
-Every stage reports what it rejects as `{row: (reason, kind)}` against the raw batch it was
-given; `reject` turns that into `BadRecord`s and the batch without those rows, so the stages
-stay free of Kafka positions and a healthy batch is never copied.
+Every stage reports what it rejects as `{row: (reason, kind)}` (`Failures`) against the rows it
+was given; `bad_records` names them by the raw records, so the stages stay free of Kafka
+positions, and `kept` filters them out: a healthy batch is never copied.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import numpy as np
 import pyarrow as pa
 
 BAD_RECORD_KINDS = (
-    "tombstone", "empty_value", "invalid_json", "schema_mismatch", "reserved_field", "missing_key", "unwritable",
+    "tombstone", "empty_value", "invalid_json", "invalid_key", "schema_mismatch", "reserved_field", "missing_key",
+    "unwritable",
 )
 Failures = dict[int, tuple[str, str]]  # row -> (reason, kind)
 
@@ -43,9 +44,3 @@ def kept(rows: int, failures: Failures) -> pa.Array:
     mask[list(failures)] = False
     return pa.array(mask)
 
-
-def reject(raw: pa.RecordBatch, failures: Failures) -> tuple[pa.RecordBatch, list[BadRecord]]:
-    """`raw` without the failing rows, and a `BadRecord` for each of them."""
-    if not failures:
-        return raw, []
-    return raw.filter(kept(raw.num_rows, failures)), bad_records(raw, failures)

@@ -1,16 +1,129 @@
-"""The Kafka key of each record."""
+"""The Kafka key of each record: the `_key` column, and with SINK_KEY_FORMAT=json its fields.
+
+- `string` (default): `_key` is the key's text; bytes that are not UTF-8 are kept as `\\xNN`.
+- `raw`: `_key` is the key's bytes, as they came.
+- `json`: the key is a JSON object whose fields become columns, named with SINK_KEY_FIELDS_PREFIX
+  in front; `_key` is its text. A key that is not a JSON object is a bad record (`invalid_key`);
+  a record without a key has null key fields.
+
+A key field and a value field with the same name share one column, and the value wins: a record
+whose value holds the field (not null) keeps the value's, one whose value lacks it takes the
+key's. Types are joined by the widening lattice, so no value changes.
+
+With SINK_KEY_FORMAT=json and no SINK_PRIMARY_KEYS, the key's fields are the primary keys. They
+are learned from the first record with a key (sorted by name, so every file of a topic names
+them alike), and every later key of the range must have exactly those fields, each a scalar: a
+key with other fields is a bad record (`invalid_key`), one lacking a field a `missing_key` one.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from sink_service.decode.bad_records import Failures
+from sink_service.decode.column_types import convert, join
+from sink_service.decode.json_values import parse_objects
+
+KEY_FORMATS = ("string", "json", "raw")
 
 
-def key_text(keys: pa.Array) -> pa.Array:
-    """Keys as strings; bytes that are not UTF-8 are kept as `\\xNN` escapes."""
+def key_column(keys: pa.Array, key_format: str) -> pa.Array:
+    """The `_key` column: the key's bytes for `raw`, else its text."""
+    if key_format == "raw":
+        return keys
     try:
         return keys.cast(pa.string())
     except pa.ArrowInvalid:
+        # Not UTF-8: keep every key, escaping the bytes that are not text.
         return pa.array(
             [None if k is None else k.decode("utf-8", "backslashreplace") for k in keys.to_pylist()],
             pa.string(),
         )
+
+
+@dataclass(frozen=True)
+class KeyFields:
+    table: pa.Table  # the key's fields, prefixed, row for row with the keys
+    failures: Failures
+
+
+def key_fields(keys: pa.Array, prefix: str) -> KeyFields:
+    """The fields of JSON object keys as columns named `prefix + field`; null keys give null fields."""
+    where = None  # positions of the keys given to the parser, when some are null
+    given = keys
+    if keys.null_count:
+        present = pc.is_valid(keys)
+        where, given = np.flatnonzero(present.to_numpy(zero_copy_only=False)), keys.filter(present)
+    parsed = parse_objects(given)
+    failures = {row if where is None else int(where[row]): (f"key is not a JSON object: {reason}", "invalid_key")
+                for row, (reason, _) in parsed.failures.items()}
+    if parsed.table is None:
+        return KeyFields(no_columns(len(keys)), failures)
+    table = parsed.table.rename_columns([prefix + name for name in parsed.table.column_names])
+    if where is None and parsed.rows is None:
+        return KeyFields(table, failures)
+    rows = np.arange(len(given)) if parsed.rows is None else parsed.rows.to_numpy()
+    rows = rows if where is None else where[rows]
+    index = np.full(len(keys), -1)
+    index[rows] = np.arange(table.num_rows)
+    return KeyFields(table.take(pa.array(index, mask=index < 0)), failures)
+
+
+def no_columns(rows: int) -> pa.Table:
+    """A table of `rows` rows and no columns (Arrow builds one only by dropping a column)."""
+    return pa.table({"_": pa.nulls(rows)}).drop_columns(["_"])
+
+
+def with_key_fields(fields: pa.Table, values: pa.Table) -> pa.Table:
+    """The key's fields, then the value's; where both have a name, the value's wins unless null."""
+    if not fields.num_columns:
+        return values
+    columns, names = [], []
+    for name in fields.column_names:
+        column = fields.column(name)
+        if name in values.column_names:
+            value = values.column(name)
+            type_ = join(value.type, column.type)
+            column = pc.coalesce(convert(value.combine_chunks(), type_), convert(column.combine_chunks(), type_))
+        columns.append(column)
+        names.append(name)
+    for name in values.column_names:
+        if name not in fields.column_names:
+            columns.append(values.column(name))
+            names.append(name)
+    return pa.Table.from_arrays(columns, names=names)
+
+
+def learned_primary_keys(fields: pa.Table) -> tuple[str, ...]:
+    """The fields of the first key in `fields` that has any, sorted; () if no key has one."""
+    with_fields = np.zeros(fields.num_rows, dtype=bool)
+    for column in fields.columns:
+        with_fields |= pc.is_valid(column).to_numpy(zero_copy_only=False)
+    first = np.flatnonzero(with_fields)
+    if not len(first):
+        return ()
+    return tuple(sorted(name for name in fields.column_names if fields.column(name)[int(first[0])].is_valid))
+
+
+def unexpected_fields(fields: pa.Table, primary_keys: tuple[str, ...]) -> tuple[pa.Table, Failures]:
+    """`fields` without those outside `primary_keys`: a key holding one, or a field that is not a
+    scalar, is a bad record."""
+    failures: Failures = {}
+    expected = ", ".join(primary_keys)
+    for name in fields.column_names:
+        column = fields.column(name)
+        if name in primary_keys and not _is_nested(column.type):
+            continue
+        reason = (f"key field `{name}` is an object or array; primary keys must be scalars" if name in primary_keys
+                  else f"key has a field `{name}`; this topic's keys have the fields {expected}")
+        for row in pc.indices_nonzero(pc.is_valid(column)).to_pylist():
+            failures.setdefault(row, (reason, "invalid_key"))
+    return fields.select([n for n in fields.column_names if n in primary_keys]), failures
+
+
+def _is_nested(type_: pa.DataType) -> bool:
+    return pa.types.is_struct(type_) or pa.types.is_list(type_)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from sink_service.decode.headers import HEADERS
+
 RAW_SCHEMA = pa.schema([
     ("topic", pa.string()),
     ("partition", pa.int32()),
@@ -15,4 +17,5 @@ RAW_SCHEMA = pa.schema([
     ("timestamp_ms", pa.int64()),
     ("key", pa.binary()),
     ("value", pa.binary()),
+    ("headers", HEADERS),  # null when the record has none
 ])

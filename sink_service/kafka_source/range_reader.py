@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from sink_service.decode.headers import HEADERS
 from sink_service.decode.raw import RAW_SCHEMA
 from sink_service.kafka_source.admission import Range
 
@@ -62,6 +63,7 @@ def _batch(rng: Range, messages: list) -> pa.RecordBatch:
             pa.array([m.timestamp()[1] for m in messages], pa.int64()),
             pa.array([m.key() for m in messages], pa.binary()),
             pa.array([m.value() for m in messages], pa.binary()),
+            pa.array([m.headers() for m in messages], HEADERS),
         ],
         schema=RAW_SCHEMA,
     )

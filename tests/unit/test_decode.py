@@ -10,11 +10,12 @@ import pytest
 
 from sink_service.ddl import parse_ddl
 from sink_service.decode import RAW_SCHEMA, BadRecord, DecodeSpec, decode
-from sink_service.decode.metadata import METADATA_COLUMNS
+from sink_service.decode.metadata import DEFAULT_METADATA_COLUMNS
 
 TOPIC, PARTITION = "orders", 3
 INFER = DecodeSpec(None, (), "_offset")
 INFER_PK = DecodeSpec(None, ("id",), "_offset")
+TOMBSTONES_FAIL = DecodeSpec(None, ("id",), "_offset", tombstones="fail")
 
 
 def raw_batch(values, *, start=100, keys=None, topic=TOPIC, partition=PARTITION) -> pa.RecordBatch:
@@ -45,8 +46,8 @@ def test_metadata_columns():
     chunk = decode(raw_batch([b'{"id": 1}', b'{"id": 2}'], keys=[b"k1", None]), INFER)
     assert chunk.bad_records == []
     [segment] = chunk.segments
-    assert segment.column_names == ["id", *METADATA_COLUMNS]
-    assert METADATA_COLUMNS == ("_key", "_topic", "_partition", "_offset", "_timestamp")
+    assert segment.column_names == ["id", *DEFAULT_METADATA_COLUMNS]
+    assert DEFAULT_METADATA_COLUMNS == ("_key", "_topic", "_partition", "_offset", "_timestamp")
     first, second = segment.to_pylist()
     assert first["_key"] == "k1" and second["_key"] is None
     assert first["_topic"] == TOPIC and first["_partition"] == PARTITION
@@ -99,7 +100,7 @@ def test_declared_schema_selects_and_casts():
     chunk = decode(raw_batch([value, b'{"id": "b"}']), DecodeSpec(schema, ("id",), "_offset"))
     assert chunk.bad_records == []
     [segment] = chunk.segments
-    assert segment.column_names == [*schema.names, *METADATA_COLUMNS]
+    assert segment.column_names == [*schema.names, *DEFAULT_METADATA_COLUMNS]
     for name in schema.names:
         assert segment.schema.field(name).type == schema.field(name).type
     first, second = segment.to_pylist()
@@ -161,7 +162,7 @@ def test_declared_type_mismatch_is_a_bad_record_not_a_failure_of_the_chunk():
 ])
 def test_bad_record_is_reported_with_position_and_good_records_are_kept(value, reason_word):
     values = [b'{"id": 10}', b'{"id": 11}', value, b'{"id": 13}', b'{"id": 14}']
-    chunk = decode(raw_batch(values, start=500), INFER_PK)
+    chunk = decode(raw_batch(values, start=500), TOMBSTONES_FAIL)
     assert len(chunk.bad_records) == 1, chunk.bad_records
     [bad] = chunk.bad_records
     assert isinstance(bad, BadRecord)
@@ -206,7 +207,7 @@ def test_many_bad_records_all_reported_in_offset_order_and_good_ones_kept():
             expected_bad.append(i)
         else:
             values.append(b'{"id": %d}' % i)
-    chunk = decode(raw_batch(values, start=0), INFER_PK)
+    chunk = decode(raw_batch(values, start=0), TOMBSTONES_FAIL)
     assert bad_offsets(chunk) == expected_bad
     good = [i for i in range(200) if i not in expected_bad]
     assert offsets(chunk) == good
@@ -252,7 +253,7 @@ def test_non_utf8_keys_are_kept_escaped():
 
 
 def test_only_tombstones():
-    chunk = decode(raw_batch([None, None]), INFER_PK)
+    chunk = decode(raw_batch([None, None]), TOMBSTONES_FAIL)
     assert chunk.segments == []
     assert bad_offsets(chunk) == [100, 101]
     assert all("tombstone" in b.reason for b in chunk.bad_records)

@@ -411,7 +411,7 @@ def test_awkward_json_is_decoded_written_and_read_back_exactly(tmp_path):
     writer, collector = make_writer(tmp_path)
     bad = []
     for start in range(0, raw.num_rows, 3):  # several chunks, so the writer widens across them
-        decoded = decode(raw.slice(start, 3), DecodeSpec(None, ("id",), "_offset"))
+        decoded = decode(raw.slice(start, 3), DecodeSpec(None, ("id",), "_offset", tombstones="fail"))
         bad += decoded.bad_records
         for segment in decoded.segments:
             writer.append(segment)

@@ -41,7 +41,7 @@ def raw_batch(values: list[bytes], first_offset: int) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([
         pa.array(["t"] * n), pa.array([0] * n, pa.int32()),
         pa.array(range(first_offset, first_offset + n), pa.int64()), pa.array([0] * n, pa.int64()),
-        pa.array([None] * n, pa.binary()), pa.array(values, pa.binary()),
+        pa.array([None] * n, pa.binary()), pa.array(values, pa.binary()), pa.nulls(n, RAW_SCHEMA.field("headers").type),
     ], schema=RAW_SCHEMA)
 
 
