@@ -166,6 +166,45 @@ class SinkConfig:
         "SINK_PARQUET_COMPRESSION", "Parquet compression codec.", "snappy",
         choices=("snappy", "zstd", "gzip", "lz4", "brotli", "none"), group="Records")
 
+    # --- Row shape: flattening, compaction, obfuscation -----------------------------------------
+    flatten: bool | None = setting(
+        "SINK_FLATTEN", "Flat rows, as relational tables (EMS) need: nested objects become `parent_child` "
+        "columns, arrays compact JSON text, and every character of a name outside `[A-Za-z0-9_]` "
+        "becomes `_`. Primary keys and the order field then name flattened columns (`customer_id`). "
+        "Fields that become one name share the column; a record holding values in two of them is a "
+        "bad record. Default: `true` with `SINK_TARGET=ems`, else `false` (S3 and dir files keep "
+        "nested structs).", group="Row shape")
+    flatten_discard_collections: bool = setting(
+        "SINK_FLATTEN_DISCARD_COLLECTIONS", "With flattening, arrays are dropped instead of written "
+        "as JSON text.", False, group="Row shape")
+    lowercase_fields: bool = setting(
+        "SINK_LOWERCASE_FIELDS", "With flattening, column names are lowercased (as the EMS connector "
+        "can); `Id` and `id` then share one column.", False, group="Row shape")
+    decimals_as_double: bool = setting(
+        "SINK_DECIMALS_AS_DOUBLE", "With flattening, decimal columns (integers beyond 64 bits, "
+        "declared DECIMALs) are written as doubles, as EMS tables expect: exact to about 15 "
+        "significant digits.", False, group="Row shape")
+    compact_files: bool = setting(
+        "SINK_COMPACT_FILES", "With primary keys, a file holds only the latest row of each key "
+        "(highest order value; of equal ones, the later offset), the row the endpoint would keep: "
+        "the same end state with fewer rows uploaded. A file still covers all its offsets.",
+        True, group="Row shape")
+    obfuscate_fields: tuple[str, ...] = setting(
+        "SINK_OBFUSCATE_FIELDS", "Comma-separated dotted paths of fields to obfuscate, e.g. "
+        "`customer.email,items.card`, applied before flattening; a path through an array applies to "
+        "each element, a path naming an object or array replaces it whole. `_key` may be named.", (),
+        group="Row shape")
+    obfuscation_method: str = setting(
+        "SINK_OBFUSCATION_METHOD", "`fix`: each value becomes `*****`. `sha1`, `sha512`: the hex "
+        "digest of the salt followed by the value's text (UTF-8; numbers as their digits, objects as "
+        "compact JSON), salted for every value. A hashed primary key still matches its rows; a "
+        "`fix`-masked primary key and an obfuscated order field are rejected.", "fix",
+        choices=("fix", "sha1", "sha512"), group="Row shape")
+    obfuscation_salt: str | None = setting(
+        "SINK_OBFUSCATION_SALT", "Salt put before every value hashed by `sha1`/`sha512` (required "
+        "with them). Keep it stable: a new salt changes every hash, and so every hashed key.",
+        secret=True, group="Row shape")
+
     # --- Upload target ------------------------------------------------------------------------
     target: str = setting(
         "SINK_TARGET", "Where files go: `ems` (Celonis EMS continuous push), `s3` (Amazon S3 or an "
@@ -274,6 +313,11 @@ class SinkConfig:
     kafka_options: Mapping[str, str] = field(default_factory=dict, metadata={"internal": True})
 
     # --- Derived values -----------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        # A default that depends on another setting is resolved here, once: EMS tables are flat.
+        if self.flatten is None:
+            object.__setattr__(self, "flatten", self.target == "ems")
+
     def table_for(self, topic: str) -> str:
         return (self.ems_target_table or "{topic}").replace("{topic}", topic)
 
@@ -497,7 +541,7 @@ def _check_records(c: SinkConfig) -> list[str]:
             return [f"SINK_VALUE_SCHEMA is not valid Spark DDL: {exc}."]
         from sink_service.decode.metadata import METADATA_COLUMNS
 
-        known = set(schema.names) | set(METADATA_COLUMNS)
+        known = set(_declared_columns(schema, c)) | set(METADATA_COLUMNS)
         for key in c.primary_keys:
             if key not in known and c.key_format != "json":  # JSON keys bring fields of their own
                 problems.append(f"SINK_PRIMARY_KEYS names `{key}`, which SINK_VALUE_SCHEMA does not declare.")
@@ -505,6 +549,68 @@ def _check_records(c: SinkConfig) -> list[str]:
             problems.append(f"SINK_ORDER_FIELD names `{c.order_field}`, which SINK_VALUE_SCHEMA does not declare.")
     if len(set(c.primary_keys)) != len(c.primary_keys):
         problems.append("SINK_PRIMARY_KEYS lists a field twice.")
+    return problems
+
+
+def _declared_columns(schema: Any, c: SinkConfig) -> list[str]:
+    """The columns a declared value schema gives: its fields, or their flattened names."""
+    if not c.flatten:
+        return schema.names
+    from sink_service.decode.flatten import flatten
+
+    return flatten(schema.empty_table(), metadata=(), discard_collections=c.flatten_discard_collections,
+                   lowercase=c.lowercase_fields, decimals_as_double=False).column_names
+
+
+def _check_row_shape(c: SinkConfig) -> list[str]:
+    from sink_service.decode.flatten import column_name
+
+    problems = []
+    if c.flatten:
+        rule = "only [A-Za-z0-9_]" + (", lowercase" if c.lowercase_fields else "")
+        for env, names in (("SINK_PRIMARY_KEYS", c.primary_keys), ("SINK_ORDER_FIELD", (c.order_field,))):
+            for name in names:
+                column = column_name([name], lowercase=c.lowercase_fields)
+                if column != name:
+                    problems.append(f"{env} names `{name}`, which no flattened column is called (names hold "
+                                    f"{rule}); did you mean `{column}`?")
+    else:
+        flat_only = (("SINK_FLATTEN_DISCARD_COLLECTIONS", c.flatten_discard_collections),
+                     ("SINK_LOWERCASE_FIELDS", c.lowercase_fields), ("SINK_DECIMALS_AS_DOUBLE", c.decimals_as_double))
+        problems += [f"{env}=true acts only on flattened rows; set SINK_FLATTEN=true (its default only with "
+                     "SINK_TARGET=ems)." for env, on in flat_only if on]
+    return problems + _check_obfuscation(c)
+
+
+def _check_obfuscation(c: SinkConfig) -> list[str]:
+    from sink_service.decode.flatten import column_name
+
+    hashing = c.obfuscation_method != "fix"
+    problems = []
+    if c.obfuscation_salt and not hashing:
+        problems.append("SINK_OBFUSCATION_SALT is set, but SINK_OBFUSCATION_METHOD=fix uses no salt; "
+                        "set SINK_OBFUSCATION_METHOD=sha512 (or sha1) to hash.")
+    if c.obfuscate_fields and hashing and not c.obfuscation_salt:
+        problems.append(f"SINK_OBFUSCATION_SALT is required with SINK_OBFUSCATION_METHOD={c.obfuscation_method}: "
+                        "an unsalted hash of an e-mail address or a phone number is undone by hashing likely values.")
+    if len(set(c.obfuscate_fields)) != len(c.obfuscate_fields):
+        problems.append("SINK_OBFUSCATE_FIELDS lists a path twice.")
+    for path in c.obfuscate_fields:
+        steps = path.split(".")
+        column = column_name(steps, lowercase=c.lowercase_fields) if c.flatten else path
+        if not all(steps):
+            problems.append(f"SINK_OBFUSCATE_FIELDS has `{path}`; a path is field names joined by `.`, "
+                            "e.g. `customer.email`.")
+        elif steps[0] == "_offset":
+            problems.append("SINK_OBFUSCATE_FIELDS names `_offset`: the Kafka offset names files and "
+                            "commits, and holds nothing to hide.")
+        elif column == c.order_field:
+            problems.append(f"SINK_OBFUSCATE_FIELDS names `{path}`, the order field (SINK_ORDER_FIELD): an "
+                            "obfuscated value cannot order the versions of a key.")
+        elif column in c.primary_keys and not hashing:
+            problems.append(f"SINK_OBFUSCATE_FIELDS names `{path}`, a primary key (SINK_PRIMARY_KEYS): `fix` "
+                            "would give every record the same key. Use SINK_OBFUSCATION_METHOD=sha512, which "
+                            "hashes keys consistently, or leave the key out.")
     return problems
 
 
@@ -542,7 +648,7 @@ def _check_soft_delete(c: SinkConfig, metadata: tuple[str, ...]) -> list[str]:
 
 
 _CHECKS: tuple[Callable[[SinkConfig], list[str]], ...] = (
-    _check_kafka, _check_target, _check_tls, _check_records, _check_keys_and_metadata)
+    _check_kafka, _check_target, _check_tls, _check_records, _check_row_shape, _check_keys_and_metadata)
 
 
 def reference_markdown() -> str:
