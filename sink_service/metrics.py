@@ -42,7 +42,9 @@ class SinkMetrics:
             "sink_bad_records_total", "Records that could not become rows, by reason.", ("topic", "reason"),
             registry=r)
         self.lag = Gauge(
-            "sink_consumer_lag_records", "Last stable offset minus the committed offset (before the first commit: minus the start position).", _TP, registry=r)
+            "sink_consumer_lag_records",
+            "Last stable offset minus the committed offset (before the first commit: minus the start position).",
+            _TP, registry=r)
         self.pending_records = Gauge(
             "sink_pending_records", "Records available but not yet admitted for writing.", _TP, registry=r)
         self.pending_age = Gauge(
