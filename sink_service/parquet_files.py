@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sink_service.decode.column_types import conform, join, join_schemas, unify
+from sink_service.decode.compact import FileCompactor
 from uploader.parquet_info import schema_fingerprint
 
 ROW_GROUP_MAX_BYTES = 32 * 1024 * 1024
@@ -74,6 +75,9 @@ class PartitionFileWriter:
     writers' `written_schema`); a chunk's column typed narrower than its floor is cast up to it.
     `unstored`: columns the rows carry for bookkeeping that files leave out (`_offset`, which
     bounds files, when SINK_METADATA_COLUMNS does not write it).
+    `compactor`: makes each new file's `FileCompactor` (SINK_COMPACT_FILES), or None to keep every
+    row. A file then holds the latest row per key of the records it covers; the record cap
+    (`max_records`) still counts records, so a file covers the same offsets either way.
     """
 
     def __init__(
@@ -88,6 +92,7 @@ class PartitionFileWriter:
         on_close: Callable[[ClosedFile], None],
         floor: pa.Schema | None = None,
         unstored: tuple[str, ...] = (),
+        compactor: Callable[[], FileCompactor | None] | None = None,
     ):
         self._directory = directory
         self._topic = topic
@@ -98,6 +103,8 @@ class PartitionFileWriter:
         self._on_close = on_close
         self._floor = floor
         self._unstored = frozenset(unstored)
+        self._new_compactor = compactor
+        self._compactor: FileCompactor | None = None  # the open file's
         self._row_group_bytes = max(64 * 1024, min(max_bytes, ROW_GROUP_MAX_BYTES))
         self._schema: pa.Schema | None = None  # lattice types of the open file (or of the buffered rows)
         self._written: pa.Schema | None = None
@@ -148,6 +155,7 @@ class PartitionFileWriter:
         self._writer = None
         self._path = None
         self._schema = None  # the dropped rows are read again and bring their types back
+        self._compactor = None
         self._buffer.clear()
         self._buffered_rows = self._buffered_bytes = self._file_rows = 0
 
@@ -195,11 +203,14 @@ class PartitionFileWriter:
             self._path = self._directory / f"{self._topic}-{self._partition}-{uuid.uuid4().hex}.parquet"
             self._writer = pq.ParquetWriter(self._path, stored, compression=self._compression)
             self._first_offset = rows.column("_offset")[0].as_py()
+            self._compactor = self._new_compactor() if self._new_compactor else None
         self._last_offset = rows.column("_offset")[-1].as_py()
+        self._file_rows += rows.num_rows
+        if self._compactor is not None:
+            rows = self._compactor.row_group(rows)
         if stored != rows.schema:
             rows = rows.select(stored.names).cast(stored)
         self._writer.write_table(rows, row_group_size=rows.num_rows)
-        self._file_rows += rows.num_rows
         if os.path.getsize(self._path) >= self._max_bytes:
             self._close_file()
 
@@ -208,13 +219,14 @@ class PartitionFileWriter:
         if self._writer is None:
             return
         self._writer.close()
+        rows = self._file_rows if self._compactor is None else self._compactor.finish(self._path, self._compression)
         closed = ClosedFile(
             path=self._path,
             topic=self._topic,
             partition=self._partition,
             first_offset=self._first_offset,
             last_offset=self._last_offset,
-            record_count=self._file_rows,
+            record_count=rows,
             size_bytes=os.path.getsize(self._path),
             schema_fingerprint=schema_fingerprint(_stored_schema(self._schema, self._unstored)),
         )

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sink_service.decode import BadRecord, DecodedChunk, DecodeSpec, decode
+from sink_service.decode.compact import FileCompactor
 from sink_service.kafka_source.admission import Range
 from sink_service.parquet_files import ClosedFile, PartitionFileWriter
 from sink_service.planner_hints import encode_schema
@@ -77,6 +78,7 @@ class TaskSpec:
     flush_records: int
     compression: str
     error_policy: str
+    compact_files: bool = False  # SINK_COMPACT_FILES: each file holds only the latest row per key
 
     def table_for(self, topic: str) -> str:
         return self.table_template.replace("{topic}", topic)
@@ -144,7 +146,13 @@ class _RangeProcessor:
             on_close=self._upload,
             floor=floor,
             unstored=spec.decode.unstored_columns,
+            compactor=self._new_compactor,
         )
+
+    def _new_compactor(self) -> FileCompactor | None:
+        """Asked per file: primary keys learned from the keys are known once the first rows are."""
+        keys = self.decode_spec.primary_keys
+        return FileCompactor(keys, self.spec.decode.order_field) if self.spec.compact_files and keys else None
 
     def _upload(self, closed: ClosedFile) -> None:
         spec, o = self.spec, self.outcome

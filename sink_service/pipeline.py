@@ -119,6 +119,10 @@ class Pipeline:
                 key_fields_prefix=config.key_fields_prefix, tombstones=config.tombstones,
                 metadata_columns=config.selected_metadata_columns(),
                 primary_keys_from_key=not config.primary_keys and config.key_format == "json",
+                flatten=config.flatten, flatten_discard_collections=config.flatten_discard_collections,
+                lowercase_fields=config.lowercase_fields, decimals_as_double=config.decimals_as_double,
+                obfuscate_fields=config.obfuscate_fields, obfuscation_method=config.obfuscation_method,
+                obfuscation_salt=(config.obfuscation_salt or "").encode(),
             ),
             target_settings=target_settings(config),
             build_target=build_target,
@@ -128,6 +132,7 @@ class Pipeline:
             flush_records=config.flush_records,
             compression=config.parquet_compression,
             error_policy=config.error_policy,
+            compact_files=config.compact_files,
         )
 
     def start_query(self) -> StreamingQuery:

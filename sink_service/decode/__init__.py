@@ -6,9 +6,12 @@
     json_values.py      JSON object values to typed rows, chunk-wise (json_paths.py: the slow path's
                         JSON trees; declared_schema.py: SINK_VALUE_SCHEMA)
     metadata.py         Kafka metadata as `_` columns (headers.py: `_headers` as JSON)
+    obfuscate.py        sensitive fields masked or hashed (SINK_OBFUSCATE_FIELDS)
+    flatten.py          nested objects as `parent_child` columns (SINK_FLATTEN)
     required_fields.py  rows without a primary key or order value
     bad_records.py      what could not become a row, by topic, partition and offset
     column_types.py     the widening lattice that joins types, here and between files
+    compact.py          the latest row per key in a file (SINK_COMPACT_FILES), used by the file writer
 
 Every stage works on a whole batch at once; only what fails is looked at record by record.
 """
@@ -16,12 +19,14 @@ Every stage works on a whole batch at once; only what fails is looked at record 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from sink_service.decode.bad_records import BadRecord, Failures, bad_records, kept
 from sink_service.decode.column_types import unify
+from sink_service.decode.flatten import FieldCollision, column_name, flatten
 from sink_service.decode.json_values import parse_objects
 from sink_service.decode.keys import key_fields, learned_primary_keys, no_columns, unexpected_fields, with_key_fields
 from sink_service.decode.metadata import (
@@ -32,6 +37,7 @@ from sink_service.decode.metadata import (
     with_metadata,
     written_metadata,
 )
+from sink_service.decode.obfuscate import obfuscate
 from sink_service.decode.raw import RAW_SCHEMA
 from sink_service.decode.required_fields import missing_fields
 from sink_service.decode.tombstones import DELETED, tombstone_failures, with_deleted
@@ -50,6 +56,17 @@ class DecodeSpec:
     tombstones: str = "skip"  # tombstones.TOMBSTONE_POLICIES
     metadata_columns: tuple[str, ...] = DEFAULT_METADATA_COLUMNS  # as selected; see `written_metadata`
     primary_keys_from_key: bool = False  # SINK_PRIMARY_KEYS unset with JSON keys: the key's fields
+    flatten: bool = False
+    flatten_discard_collections: bool = False
+    lowercase_fields: bool = False
+    decimals_as_double: bool = False
+    obfuscate_fields: tuple[str, ...] = ()
+    obfuscation_method: str = "fix"
+    obfuscation_salt: bytes = field(default=b"", repr=False)
+
+    def column(self, name: str) -> str:
+        """The column a top-level field is written as (flattening sanitises names)."""
+        return column_name([name], lowercase=self.lowercase_fields) if self.flatten else name
 
     @property
     def written_metadata(self) -> tuple[str, ...]:
@@ -72,7 +89,7 @@ class DecodedChunk:
     segments: list[pa.Table] = field(default_factory=list)
     bad_records: list[BadRecord] = field(default_factory=list)  # under SINK_ERROR_POLICY
     skipped: list[BadRecord] = field(default_factory=list)  # left out on purpose (tombstones): never a failure
-    primary_keys: tuple[str, ...] = ()  # the spec's, or those learned from this chunk's keys
+    primary_keys: tuple[str, ...] = ()  # the spec's, or the columns of the key fields learned from this chunk
 
 
 @dataclass(frozen=True)
@@ -106,7 +123,9 @@ def decode(raw: pa.RecordBatch, spec: DecodeSpec) -> DecodedChunk:
     parts = [part for part in (_with_values(rows, spec, chunk), deletions) if part is not None and part.raw.num_rows]
     if parts:
         rows = _in_offset_order(parts)
-        table = with_metadata(rows.fields, rows.raw, spec.written_metadata, spec.key_format)
+        rows = _shaped(_Rows(rows.raw, with_metadata(rows.fields, rows.raw, spec.written_metadata, spec.key_format)),
+                       spec, chunk)
+        table = rows.fields
         required = _required_failures(table, spec, chunk)
         chunk.bad_records += bad_records(rows.raw, required)
         table = table.filter(kept(table.num_rows, required)) if required else table
@@ -122,8 +141,9 @@ def _with_key_fields(rows: _Rows, spec: DecodeSpec, chunk: DecodedChunk) -> _Row
     rows = _Rows(rows.raw, keys.table).without(keys.failures, chunk)
     if not spec.primary_keys_from_key:
         return rows
-    chunk.primary_keys = chunk.primary_keys or learned_primary_keys(rows.fields)
-    fields, unexpected = unexpected_fields(rows.fields, chunk.primary_keys)
+    if not chunk.primary_keys:
+        chunk.primary_keys = tuple(sorted(spec.column(name) for name in learned_primary_keys(rows.fields)))
+    fields, unexpected = unexpected_fields(rows.fields, chunk.primary_keys, spec.column)
     return _Rows(rows.raw, fields).without(unexpected, chunk)
 
 
@@ -158,6 +178,23 @@ def _marked(rows: _Rows, spec: DecodeSpec, chunk: DecodedChunk, *, deleted: bool
     fields, reserved = split_reserved(rows.fields, spec.reserved)
     rows = _Rows(rows.raw, fields).without(reserved, chunk)
     return _Rows(rows.raw, with_deleted(rows.fields, deleted)) if spec.tombstones == "soft-delete" else rows
+
+
+def _shaped(rows: _Rows, spec: DecodeSpec, chunk: DecodedChunk) -> _Rows:
+    """Rows with the sensitive fields obfuscated, then flattened; a record whose fields cannot share
+    their flattened column is a bad record."""
+    table = rows.fields
+    if spec.obfuscate_fields:
+        table = obfuscate(table, spec.obfuscate_fields, spec.obfuscation_method, spec.obfuscation_salt)
+    if not spec.flatten:
+        return _Rows(rows.raw, table)
+    flat = partial(flatten, metadata=spec.reserved, discard_collections=spec.flatten_discard_collections,
+                   lowercase=spec.lowercase_fields, decimals_as_double=spec.decimals_as_double)
+    try:
+        return _Rows(rows.raw, flat(table))
+    except FieldCollision as exc:
+        rows = _Rows(rows.raw, table).without(exc.failures, chunk)
+    return _Rows(rows.raw, flat(rows.fields))
 
 
 def _in_offset_order(parts: list[_Rows]) -> _Rows:

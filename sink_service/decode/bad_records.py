@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 
 BAD_RECORD_KINDS = (
-    "tombstone", "empty_value", "invalid_json", "invalid_key", "schema_mismatch", "reserved_field", "missing_key",
-    "unwritable",
+    "tombstone", "empty_value", "invalid_json", "invalid_key", "schema_mismatch", "reserved_field", "field_collision",
+    "missing_key", "unwritable",
 )
 Failures = dict[int, tuple[str, str]]  # row -> (reason, kind)
 

@@ -18,6 +18,7 @@ key with other fields is a bad record (`invalid_key`), one lacking a field a `mi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,20 +110,22 @@ def learned_primary_keys(fields: pa.Table) -> tuple[str, ...]:
     return tuple(sorted(name for name in fields.column_names if fields.column(name)[int(first[0])].is_valid))
 
 
-def unexpected_fields(fields: pa.Table, primary_keys: tuple[str, ...]) -> tuple[pa.Table, Failures]:
-    """`fields` without those outside `primary_keys`: a key holding one, or a field that is not a
-    scalar, is a bad record."""
+def unexpected_fields(fields: pa.Table, primary_keys: tuple[str, ...],
+                      column: Callable[[str], str] = str) -> tuple[pa.Table, Failures]:
+    """`fields` without those whose `column` (the name they are written as) is not a primary key:
+    a key holding one, or a primary key field that is not a scalar, is a bad record."""
     failures: Failures = {}
     expected = ", ".join(primary_keys)
+    kept = [name for name in fields.column_names if column(name) in primary_keys]
     for name in fields.column_names:
-        column = fields.column(name)
-        if name in primary_keys and not _is_nested(column.type):
+        values = fields.column(name)
+        if name in kept and not _is_nested(values.type):
             continue
-        reason = (f"key field `{name}` is an object or array; primary keys must be scalars" if name in primary_keys
+        reason = (f"key field `{name}` is an object or array; primary keys must be scalars" if name in kept
                   else f"key has a field `{name}`; this topic's keys have the fields {expected}")
-        for row in pc.indices_nonzero(pc.is_valid(column)).to_pylist():
+        for row in pc.indices_nonzero(pc.is_valid(values)).to_pylist():
             failures.setdefault(row, (reason, "invalid_key"))
-    return fields.select([n for n in fields.column_names if n in primary_keys]), failures
+    return fields.select(kept), failures
 
 
 def _is_nested(type_: pa.DataType) -> bool:

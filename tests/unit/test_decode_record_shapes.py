@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pyarrow as pa
 import pytest
 
@@ -138,3 +140,36 @@ def test_selected_metadata_columns_with_headers():
 def test_a_value_field_named_headers_is_reserved_even_when_not_written():
     chunk = decode(raw((b"k", b'{"id": 1, "_headers": "x"}')), DecodeSpec(None, ("id",), "_offset"))
     assert bad(chunk) == {100: "reserved_field"}
+
+
+# --- Obfuscation and flattening, in the decode flow ----------------------------------------------
+
+
+def test_flattened_rows_name_learned_primary_keys_by_their_columns():
+    spec = DecodeSpec(None, (), "_offset", key_format="json", primary_keys_from_key=True, flatten=True,
+                      lowercase_fields=True)
+    chunk = decode(raw((b'{"Tenant-Id": "a", "n": 1}', b'{"customer": {"name": "Ann"}, "tags": [1]}'),
+                       (b'{"Tenant-Id": "b", "n": 2}', b'{"customer": {"name": "Bo"}}')), spec)
+    assert chunk.bad_records == [] and chunk.primary_keys == ("n", "tenant_id")
+    assert [(r["tenant_id"], r["n"], r["customer_name"], r["tags"]) for r in rows(chunk)] == [
+        ("a", 1, "Ann", "[1]"), ("b", 2, "Bo", None)]
+    later = DecodeSpec(**{**spec.__dict__, "primary_keys": chunk.primary_keys})
+    again = decode(raw((b'{"Tenant-Id": "c", "n": 3}', b'{}'), (b'{"n": 4, "x": 1}', b'{}'), start=200), later)
+    assert [r["tenant_id"] for r in rows(again)] == ["c"] and bad(again) == {201: "invalid_key"}
+
+
+def test_fields_that_flatten_to_one_column_in_one_record_are_a_bad_record():
+    spec = DecodeSpec(None, ("id",), "_offset", flatten=True, tombstones="soft-delete")
+    chunk = decode(raw((b"k", b'{"id": 1, "a": {"b": 1}, "a_b": 2}'), (b"k", b'{"id": 2, "a_b": 3}'),
+                       (b"k", None)), DecodeSpec(**{**spec.__dict__, "primary_keys": ("_key",)}))
+    assert bad(chunk) == {100: "field_collision"}
+    assert [(r["_offset"], r.get("a_b"), r["_deleted"]) for r in rows(chunk)] == [(101, 3, False), (102, None, True)]
+
+
+def test_obfuscation_applies_to_nested_paths_and_the_key_before_flattening():
+    spec = DecodeSpec(None, ("id",), "_offset", flatten=True, obfuscate_fields=("customer.email", "_key"),
+                      obfuscation_method="sha1", obfuscation_salt=b"pepper")
+    [row] = rows(decode(raw((b"k1", b'{"id": 1, "customer": {"email": "a@b.c", "name": "Ann"}}')), spec))
+    assert row["customer_name"] == "Ann"
+    assert row["customer_email"] == hashlib.sha1(b"pepper" + b"a@b.c").hexdigest()
+    assert row["_key"] == hashlib.sha1(b"pepperk1").hexdigest()

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 from sink_service.decode import RAW_SCHEMA, DecodeSpec
 from sink_service.kafka_source.admission import Range
 from sink_service.partition_task import TaskSpec, process_range
+from uploader.reader import latest_per_key
 from uploader.target import FileMetadata, Receipt
 
 
@@ -36,12 +37,13 @@ class Recorder:
 
 
 def run(tmp_path: Path, decode: DecodeSpec, records: list[tuple[bytes | None, bytes | None]], *,
-        policy: str = "fail", flush_records: int = 1000, batch: int = 10) -> tuple[dict, Recorder]:
+        policy: str = "fail", flush_records: int = 1000, batch: int = 10, compact: bool = False,
+        ) -> tuple[dict, Recorder]:
     recorder = Recorder(tmp_path)
     # The worker caches one target per settings value: each run's settings are its own.
     spec = TaskSpec(decode=decode, target_settings=f"recorder-{id(recorder)}", build_target=lambda _: recorder,
                     table_template="{topic}", scratch_dir=str(tmp_path / "scratch"), flush_bytes=1 << 30,
-                    flush_records=flush_records, compression="snappy", error_policy=policy)
+                    flush_records=flush_records, compression="snappy", error_policy=policy, compact_files=compact)
 
     def read(rng: Range) -> Iterator[pa.RecordBatch]:
         for start in range(rng.start, rng.end, batch):
@@ -127,3 +129,38 @@ def test_with_a_declared_schema_a_record_that_does_not_fit_is_a_bad_record_and_t
     (tmp_path / "fail").mkdir()
     outcome, _ = run(tmp_path / "fail", spec, records, policy="fail")
     assert (outcome["status"], outcome["committable"]) == ("fatal", 1)
+
+
+# --- In-file compaction --------------------------------------------------------------------------
+
+
+def updates(keys: int, versions: int) -> list[tuple[bytes, bytes]]:
+    """Every key updated `versions` times, keys interleaved, as an update-heavy topic is."""
+    return [(b'{"id": %d}' % k, b'{"id": %d, "version": %d}' % (k, v)) for v in range(versions) for k in range(keys)]
+
+
+def test_compaction_uploads_one_row_per_key_and_file_with_the_same_end_state(tmp_path):
+    records = updates(keys=200, versions=10)
+    spec = DecodeSpec(None, ("id",), "_offset")
+    ends = {}
+    for compact in (False, True):
+        (tmp_path / str(compact)).mkdir()
+        outcome, recorder = run(tmp_path / str(compact), spec, records, flush_records=500, batch=100, compact=compact)
+        assert (outcome["status"], outcome["committable"]) == ("ok", 2000)
+        rows = pa.concat_tables([t for _, t in recorder.uploads])
+        ends[compact] = latest_per_key(rows, ("id",), "_offset").to_pylist()
+        per_file = [t.num_rows for _, t in recorder.uploads]
+        assert per_file == ([200] * 4 if compact else [500] * 4)  # 500 records, 2.5 versions of each key per file
+        spans = [(m.first_offset, m.last_offset) for m, _ in recorder.uploads]
+        assert spans == [(i, i + 499) for i in range(0, 2000, 500)]
+        assert outcome["records_uploaded"] == sum(per_file)
+    assert ends[True] == ends[False]
+    assert {row["version"] for row in ends[True]} == {9}
+
+
+def test_compaction_follows_primary_keys_learned_from_json_keys(tmp_path):
+    spec = DecodeSpec(None, (), "_offset", key_format="json", key_fields_prefix="k_", primary_keys_from_key=True)
+    _, recorder = run(tmp_path, spec, updates(keys=30, versions=5), flush_records=1000, batch=40, compact=True)
+    [(metadata, table)] = recorder.uploads
+    assert metadata.primary_keys == ("k_id",)
+    assert table.num_rows == 30 and set(table.column("version").to_pylist()) == {4}
