@@ -125,12 +125,9 @@ def decode(raw: pa.RecordBatch, spec: DecodeSpec) -> DecodedChunk:
         rows = _in_offset_order(parts)
         rows = _shaped(_Rows(rows.raw, with_metadata(rows.fields, rows.raw, spec.written_metadata, spec.key_format)),
                        spec, chunk)
-        table = rows.fields
-        required = _required_failures(table, spec, chunk)
-        chunk.bad_records += bad_records(rows.raw, required)
-        table = table.filter(kept(table.num_rows, required)) if required else table
-        if table.num_rows:
-            chunk.segments.append(table)
+        rows = rows.without(_required_failures(rows.fields, spec, chunk), chunk)
+        if rows.raw.num_rows:
+            chunk.segments.append(rows.fields)
     chunk.bad_records.sort(key=lambda b: b.offset)
     return chunk
 

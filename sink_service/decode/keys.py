@@ -11,9 +11,10 @@ whose value holds the field (not null) keeps the value's, one whose value lacks 
 key's. Types are joined by the widening lattice, so no value changes.
 
 With SINK_KEY_FORMAT=json and no SINK_PRIMARY_KEYS, the key's fields are the primary keys. They
-are learned from the first record with a key (sorted by name, so every file of a topic names
-them alike), and every later key of the range must have exactly those fields, each a scalar: a
-key with other fields is a bad record (`invalid_key`), one lacking a field a `missing_key` one.
+are learned from the first record with a key (as the columns they are written as, flattened names
+included, sorted, so every file of a topic names them alike), and every later key of the range
+must have exactly those fields, each a scalar: a key with other fields is a bad record
+(`invalid_key`), one lacking a field a `missing_key` one.
 """
 
 from __future__ import annotations
