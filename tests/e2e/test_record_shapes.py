@@ -3,6 +3,7 @@ and the metadata columns chosen by SINK_METADATA_COLUMNS (with `_headers`)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -73,3 +74,42 @@ def test_metadata_columns_are_those_chosen_plus_the_order_column(bootstrap, ems,
     assert [json.loads(row["_headers"]) if row["_headers"] else None for row in rows] == [
         {"trace": "t-1", "retry": "2"}, None, {"bin": "\\xff", "none": None}]
     assert all(row["_partition"] == 0 and row["_timestamp"] for row in rows)
+
+
+def test_compaction_uploads_fewer_rows_for_the_same_end_state(bootstrap, ems, unique, service_env, services):
+    """200 keys x 10 versions: with SINK_COMPACT_FILES each file keeps a key's latest row only."""
+    records = [(f"k{n}".encode(), json.dumps({"id": f"k{n}", "version": version}).encode())
+               for version in range(10) for n in range(200)]
+    tables = {}
+    for compact in ("true", "false"):
+        topic, group = unique(f"compact-{compact}"), unique("group")
+        create_topics(bootstrap, {topic: 1})
+        _produce(bootstrap, topic, records)
+        service = services(service_env(topic, group, SINK_COMPACT_FILES=compact, SINK_FLUSH_RECORDS=500))
+        wait_until(lambda t=topic, g=group: all_committed(bootstrap, g, t, 1), COMMIT_BOUND_S,
+                   "all offsets committed", process=service)
+        assert service.terminate() == 0
+        uploads = ems.uploads(topic)
+        tables[compact] = ({row["id"]: row["version"] for row in ems.table(topic)},
+                           sum(upload["rows"] for upload in uploads), len(uploads))
+    (compacted, rows_on, files_on), (plain, rows_off, files_off) = tables["true"], tables["false"]
+    assert compacted == plain == {f"k{n}": 9 for n in range(200)}
+    assert files_on == files_off == 4
+    assert rows_off == 2000 and rows_on == 4 * 200, (rows_on, rows_off)
+
+
+def test_ems_rows_are_flat_and_obfuscated_fields_hashed(bootstrap, ems, unique, service_env, services):
+    topic, group = unique("flat"), unique("group")
+    create_topics(bootstrap, {topic: 1})
+    value = {"id": 7, "customer": {"name": "Ann", "e-mail": "ann@example.com"}, "items": [{"sku": "A1"}]}
+    _produce(bootstrap, topic, [(b"7", json.dumps(value).encode())])
+    env = service_env(topic, group, SINK_OBFUSCATE_FIELDS="customer.e-mail", SINK_OBFUSCATION_METHOD="sha512",
+                      SINK_OBFUSCATION_SALT="pepper", SINK_FLUSH_INTERVAL_MS=500)
+    service = services(env)
+    wait_until(lambda: all_committed(bootstrap, group, topic, 1), COMMIT_BOUND_S, "committed", process=service)
+    assert service.terminate() == 0
+    assert "pepper" not in service.output()
+    [row] = ems.table(topic)
+    assert (row["id"], row["customer_name"], row["items"]) == (7, "Ann", '[{"sku":"A1"}]')
+    assert row["customer_e_mail"] == hashlib.sha512(b"pepper" + b"ann@example.com").hexdigest()
+    assert not any(isinstance(v, str) and "ann@example.com" in v for v in row.values())
