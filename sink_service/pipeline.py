@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -66,8 +67,16 @@ def start_spark(config: SinkConfig, extra_java_options: Sequence[str] = ()) -> S
     # collector start faster and use less memory (about 1.5 s less start-up measured here).
     jvm_options = [f"-Dlog4j2.configurationFile=file:{LOG4J2_PROPERTIES}",
                    "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
+    # Temporary files (Spark's `spark-*` directories, the lz4 native library the JVM unpacks, the
+    # Python side's files) go to the scratch area, which is cleared at the next start: in the
+    # system temp directory they would pile up across restarts, even clean ones.
+    temp = Path(config.scratch_dir) / "tmp"
+    temp.mkdir(parents=True, exist_ok=True)
+    os.environ["TMPDIR"] = str(temp)
+    tempfile.tempdir = str(temp)
     # The prepared home and class archive are this machine's: a cluster's executors have their own.
-    driver_options = [*jvm_options, *spark_home.activate(config.spark_class_archive), *extra_java_options]
+    driver_options = [*jvm_options, f"-Djava.io.tmpdir={temp}", *spark_home.activate(config.spark_class_archive),
+                      *extra_java_options]
     builder = (
         SparkSession.builder.master(config.spark_master)
         .appName("kafka-parquet-sink")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,9 @@ from tests.e2e.checks import all_committed, metric_total, scrape_metrics, table_
 from tests.e2e.conftest import AUTHORIZATION
 
 pytestmark = pytest.mark.e2e
+# What Spark, its JVM and PySpark leave in a temp directory (names they choose; other processes
+# on the machine may create other files there meanwhile).
+LEAK_PREFIXES = ("spark-", "liblz4-java", "blockmgr-", "snappy-")
 
 
 def test_two_services_sharing_a_scratch_directory_do_not_disturb_each_other(
@@ -67,3 +71,27 @@ def test_lag_shows_from_the_start_while_the_endpoint_is_down(bootstrap, unique, 
         assert not all_committed(bootstrap, group, topic, 3)
     finally:
         down.stop()
+
+
+def test_starts_and_kills_leave_nothing_in_the_system_temp_directory(
+        bootstrap, ems, unique, service_env, services, tmp_path):
+    # TMPDIR is the system temp directory for Python; the JVM's default is /tmp whatever TMPDIR says.
+    system_temp = tmp_path / "system-temp"
+    system_temp.mkdir()
+    jvm_temp = Path("/tmp")
+    before = {p.name for p in jvm_temp.iterdir()}
+    topic, group = unique("tmp"), unique("group")
+    create_topics(bootstrap, {topic: 1})
+    workload = Workload()
+    produce_orders(bootstrap, topic, keys=200, updates=1, workload=workload)
+    env = {**service_env(topic, group, SINK_FLUSH_RECORDS=100), "TMPDIR": str(system_temp)}
+    service = services(env)
+    wait_until(lambda: all_committed(bootstrap, group, topic, 1), 60, "commits", process=service)
+    assert service.terminate() == 0
+    produce_orders(bootstrap, topic, keys=200, updates=1, workload=workload, seed=2, key_prefix="again")
+    service = services(env)
+    wait_until(lambda: table_matches(ems, topic, workload), 60, "delivery", process=service)
+    service.kill9()
+    assert sorted(p.name for p in system_temp.iterdir()) == [], "temporary files outside SINK_SCRATCH_DIR"
+    left = sorted(p.name for p in jvm_temp.iterdir() if p.name not in before and p.name.startswith(LEAK_PREFIXES))
+    assert left == [], f"temporary files outside SINK_SCRATCH_DIR, in {jvm_temp}"
