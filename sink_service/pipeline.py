@@ -213,10 +213,8 @@ class Pipeline:
             RangeOutcome(r.topic, r.partition, r.range_start, r.range_end, r.committable, r.status)
             for r in rows
         ]
-        found = {o.tp for o in outcomes} - self._commits.positions.keys()
-        if found:  # partitions discovered during this query: whatever the group committed, if anything
-            self._commits.positions.update(self.kafka.committed(found))
-        commits, gaps = self._commits.advance(outcomes)
+        moved = self._moved_elsewhere({o.tp for o in outcomes})
+        commits, gaps = self._commits.advance([o for o in outcomes if o.tp not in moved])
         self.kafka.commit(commits)
         self.metrics.record_commits(commits)
         if commits:
@@ -243,6 +241,12 @@ class Pipeline:
                 "committed. Fix the cause and restart; the service resumes there."
             )
             raise FatalPipelineError(self.fatal_error)
+        if moved:
+            raise BatchIncomplete(
+                "committed offsets moved outside this service (an offset reset with Kafka tooling?): "
+                + "; ".join(f"topic={t} partition={p}: {was} -> {now}" for (t, p), (was, now) in sorted(moved.items()))
+                + "; restarting from them"
+            )
         if failed or gaps:
             reasons = [f"{r.topic}:{r.partition} [{r.range_start},{r.range_end}): {r.error}" for r in failed]
             repeats = [s.describe() for s in self._repeated.streaks.values() if s.times > 1]
@@ -250,6 +254,26 @@ class Pipeline:
                                reason=f"batch {batch_id} failed: {repeats or reasons or gaps}")
             raise BatchIncomplete("; ".join(reasons + gaps))
         self.health.update(last_batch_ok=True, reason="")
+
+    def _moved_elsewhere(self, tps: set[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
+        """Partitions whose committed offset differs from the one this service last committed.
+
+        The service commits without group membership, so the broker accepts an offset reset from
+        Kafka tooling while it runs. Such a reset is followed (the query restarts from it), never
+        overwritten by this service's next commit. Partitions found during this query learn their
+        position here.
+        """
+        committed = self.kafka.committed(tps)
+        positions = self._commits.positions
+        for tp in tps - positions.keys():
+            if tp in committed:
+                positions[tp] = committed[tp]
+        moved = {tp: (positions[tp], committed[tp]) for tp in tps
+                 if tp in committed and tp in positions and committed[tp] != positions[tp]}
+        for (topic, partition), (was, now) in sorted(moved.items()):
+            log.warning("topic=%s partition=%d: committed offset moved from %d to %d outside this service; "
+                        "following it (nothing committed over it)", topic, partition, was, now)
+        return moved
 
     def _count_repeats(self, rows: list, failed: list) -> Streak | None:
         """Track failures that repeat at one offset; return a streak that reached the limit."""

@@ -72,3 +72,22 @@ def test_retention_gap_skip_is_explicit_and_loud(bootstrap, ems, unique, service
     assert service.terminate() == 0
     assert "RECORDS LOST" in service.output()
     assert sorted(int(r["id"]) for r in ems.table(topic)) == list(range(50, 100))
+
+
+def test_an_offset_reset_while_running_is_followed_not_overwritten(bootstrap, ems, unique, service_env, services):
+    topic, group = unique("reset"), unique("group")
+    create_topics(bootstrap, {topic: 1})
+    workload = Workload()
+    produce_orders(bootstrap, topic, keys=300, updates=1, workload=workload)
+    service = services(service_env(topic, group, SINK_FLUSH_RECORDS=100))
+    wait_until(lambda: all_committed(bootstrap, group, topic, 1), 60, "the first commits", process=service)
+    first_uploads = len(ems.uploads(topic))
+    # An operator rewinds the group with Kafka tooling while the service runs, then data arrives.
+    KafkaOffsets({"bootstrap.servers": bootstrap}, group).commit({(topic, 0): 0})
+    produce_orders(bootstrap, topic, keys=300, updates=1, workload=workload, seed=5, key_prefix="later")
+    wait_until(lambda: all_committed(bootstrap, group, topic, 1) and table_matches(ems, topic, workload), 60,
+               "delivery from the reset position", process=service)
+    assert service.terminate() == 0
+    assert "committed offset moved from 300 to 0 outside this service" in service.output()
+    replayed = [u for u in ems.uploads(topic)[first_uploads:] if "_firstOffset-0_" in u["fileName"]]
+    assert replayed, "the records from the reset position on were not delivered again"
