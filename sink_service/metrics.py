@@ -60,11 +60,14 @@ class SinkMetrics:
         self.build_info = Info("sink_build", "Versions of the service, Spark and librdkafka.", registry=r)
         self.committed_offset = Gauge(
             "sink_committed_offset", "Offset committed to the consumer group.", _TP, registry=r)
+        self.oldest_upload_age = Gauge(
+            "sink_upload_oldest_inflight_age_seconds",
+            "Age of the oldest upload in flight, from the executors' live signals; 0 when none.", registry=r)
         self.repeated_failures = Gauge(
             "sink_repeated_failures", "Replays in a row that failed at the same offset with the same "
             "error (not outages); the service stops at SINK_MAX_IDENTICAL_FAILURES.", _TP, registry=r)
 
-    def record_outcome(self, row, target: str) -> None:
+    def record_outcome(self, row, target: str, counted_live: Mapping[str, int]) -> None:
         labels = (row.topic, str(row.partition))
         self.records_read.labels(*labels).inc(row.records_read)
         self.records_written.labels(*labels).inc(row.records_written)
@@ -74,7 +77,8 @@ class SinkMetrics:
             self.bytes_uploaded.labels(*labels).inc(upload["bytes"])
             self.upload_duration.labels(target).observe(upload["duration_s"])
         for reason, count in json.loads(row.retries).items():
-            self.upload_retries.labels(reason).inc(count)
+            # Retries the live signals already counted while the task ran are not counted twice.
+            self.upload_retries.labels(reason).inc(max(0, count - counted_live.get(reason, 0)))
         for reason, count in json.loads(row.bad_reasons).items():
             self.bad_records.labels(row.topic, reason).inc(count)
         if row.failure_class:

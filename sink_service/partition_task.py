@@ -26,6 +26,7 @@ from sink_service.decode.compact import FileCompactor
 from sink_service.kafka_source.admission import Range
 from sink_service.parquet_files import ClosedFile, PartitionFileWriter
 from sink_service.planner_hints import encode_schema
+from sink_service.upload_signals import NO_SIGNALS, SignalChannel, SignalSender
 from uploader.errors import FatalUploadError, RetryableUploadError
 from uploader.target import FileMetadata, Receipt, UploadTarget
 
@@ -79,6 +80,7 @@ class TaskSpec:
     compression: str
     error_policy: str
     compact_files: bool = False  # SINK_COMPACT_FILES: each file holds only the latest row per key
+    signals: SignalChannel = NO_SIGNALS  # live upload signals to the driver
 
     def table_for(self, topic: str) -> str:
         return self.table_template.replace("{topic}", topic)
@@ -131,6 +133,8 @@ class _RangeProcessor:
     def __init__(self, spec: TaskSpec, rng: Range, floor: pa.Schema | None):
         self.spec = spec
         self.decode_spec = spec.decode  # holds the primary keys once learned from the keys
+        self._signals = SignalSender(spec.signals, (rng.topic, rng.partition, rng.start))
+        self._uploading: tuple[str, float] = ("", 0.0)  # file name, start time
         o = self.outcome = _Outcome(
             topic=rng.topic, partition=rng.partition, range_start=rng.start, range_end=rng.end
         )
@@ -168,6 +172,8 @@ class _RangeProcessor:
             schema_fingerprint=closed.schema_fingerprint,
         )
         o.records_written += closed.record_count
+        self._uploading = (metadata.file_name(), time.time())
+        self._signals.send("started", metadata.file_name())
         try:
             receipt: Receipt = _target(spec).upload(closed.path, metadata, on_retry=self._count_retry)
         except FatalUploadError as exc:
@@ -178,6 +184,7 @@ class _RangeProcessor:
             self._stop(STATUS_RETRYABLE, f"upload of {metadata.file_name()} failed: {exc}")
         finally:
             closed.path.unlink(missing_ok=True)
+            self._signals.send("finished", metadata.file_name())
         o.records_uploaded += closed.record_count
         o.committable = closed.last_offset + 1
         self._bad_at_commit = (o.bad_records, Counter(o.bad_reasons), list(o.bad_samples))
@@ -195,6 +202,8 @@ class _RangeProcessor:
 
     def _count_retry(self, error: RetryableUploadError, _attempt: int, _wait_s: float) -> None:
         self.outcome.retries[error.reason] += 1
+        file, started_at = self._uploading
+        self._signals.send("retry", file, reason=error.reason, error=str(error), started_at=started_at)
 
     def _stop(self, status: str, error: str) -> None:
         self.outcome.status, self.outcome.error = status, error

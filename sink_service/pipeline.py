@@ -42,6 +42,7 @@ from sink_service.partition_task import ERROR_PROCESSING, STATUS_FATAL, STATUS_O
 from sink_service.planner_hints import PlannerHints
 from sink_service.repeated_failures import Failure, RepeatedFailures, Streak
 from sink_service.targets import build_target, target_settings
+from sink_service.upload_signals import NO_SIGNALS, SIGNAL_PATH, LiveUploads, SignalChannel
 
 log = logging.getLogger("sink_service.pipeline")
 
@@ -103,8 +104,10 @@ def start_spark(config: SinkConfig, extra_java_options: Sequence[str] = ()) -> S
 
 
 class Pipeline:
-    def __init__(self, config: SinkConfig, spark: SparkSession, health: Health, metrics: SinkMetrics):
+    def __init__(self, config: SinkConfig, spark: SparkSession, health: Health, metrics: SinkMetrics,
+                 live_uploads: LiveUploads):
         self.config = config
+        self.live_uploads = live_uploads
         self.metrics = metrics
         self.spark = spark
         self.health = health
@@ -122,6 +125,11 @@ class Pipeline:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._hints = PlannerHints()
         value_schema = parse_ddl(config.value_schema) if config.value_schema else None
+        signals = NO_SIGNALS
+        if config.http_port:
+            # Executors reach the driver where Spark does; local executors run in this process.
+            host = "127.0.0.1" if config.spark_master.startswith("local") else spark.conf.get("spark.driver.host")
+            signals = SignalChannel(f"http://{host}:{config.http_port}{SIGNAL_PATH}", live_uploads.token)
         self.task_spec = TaskSpec(
             decode=DecodeSpec(
                 value_schema, config.primary_keys, config.order_field, key_format=config.key_format,
@@ -142,6 +150,7 @@ class Pipeline:
             compression=config.parquet_compression,
             error_policy=config.error_policy,
             compact_files=config.compact_files,
+            signals=signals,
         )
 
     def start_query(self) -> StreamingQuery:
@@ -156,6 +165,7 @@ class Pipeline:
         self.health.update(broker_ok=True)
         self._commits = ContiguousCommits(positions)
         log.info("starting query at %s", {f"{t}:{p}": o for (t, p), o in sorted(positions.items())})
+        self.live_uploads.clear()  # tasks of an earlier query are gone, whatever they last said
         checkpoint = Path(c.scratch_dir) / "checkpoints" / uuid.uuid4().hex
         shutil.rmtree(checkpoint.parent, ignore_errors=True)
         options = SourceOptions(
@@ -302,7 +312,8 @@ class Pipeline:
         self.metrics.record_admission(self.state_dir / PENDING_STATE_FILE)
 
     def _report_range(self, row) -> None:
-        self.metrics.record_outcome(row, self.config.target)
+        counted_live = self.live_uploads.task_ended((row.topic, row.partition, row.range_start))
+        self.metrics.record_outcome(row, self.config.target, counted_live)
         self._hints.learn_types(row.topic, row.written_schema)
         for upload in json.loads(row.files):
             self._hints.learn_size(row.topic, upload["bytes"], upload["records"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import secrets
 import signal
 import threading
 import time
@@ -24,6 +25,7 @@ from sink_service.kafka_source.offsets import OffsetGapError
 from sink_service.metrics import SinkMetrics
 from sink_service.pipeline import Pipeline, start_spark
 from sink_service.scratch import ScratchBusy, claim_scratch
+from sink_service.upload_signals import SIGNAL_PATH, LiveUploads
 
 log = logging.getLogger("sink_service")
 
@@ -39,6 +41,8 @@ class SinkService:
         self.health = Health()
         self.metrics = SinkMetrics()
         self.metrics.build_info.info(versions or {})
+        self.live_uploads = LiveUploads(secrets.token_hex(16))
+        self.health.uploads_failing = self.live_uploads.failing
         self._stop_requested = threading.Event()
         self._pipeline: Pipeline | None = None
 
@@ -62,12 +66,13 @@ class SinkService:
         self.config = dataclasses.replace(self.config, scratch_dir=str(scratch.path))
         server = None
         if self.config.http_port:
-            server = HealthServer(self.health, self.config.http_port, self._metrics_exposition)
+            server = HealthServer(self.health, self.config.http_port, self._metrics_exposition,
+                                  signals=(SIGNAL_PATH, self._receive_signal))
             server.start()
             log.info("HTTP endpoints on port %d: /healthz /readyz /metrics", server.port)
         spark = start_spark(self.config)
         try:
-            self._pipeline = Pipeline(self.config, spark, self.health, self.metrics)
+            self._pipeline = Pipeline(self.config, spark, self.health, self.metrics, self.live_uploads)
             monitor = threading.Thread(target=self._monitor_offsets, name="offset-monitor", daemon=True)
             monitor.start()
             if self._stop_requested.is_set():
@@ -82,7 +87,15 @@ class SinkService:
 
     def _metrics_exposition(self) -> tuple[bytes, str]:
         self.metrics.ready.set(1 if self.health.readiness()[0] else 0)
+        self.metrics.oldest_upload_age.set(self.live_uploads.oldest_age_s(time.time()))
         return self.metrics.exposition()
+
+    def _receive_signal(self, body: bytes) -> int:
+        """An executor's live upload signal: a retry counts at once, not when its task ends."""
+        status, retry_reason = self.live_uploads.receive(body)
+        if retry_reason is not None:
+            self.metrics.upload_retries.labels(retry_reason).inc()
+        return status
 
     def _monitor_offsets(self) -> None:
         while not self._stop_requested.wait(OFFSET_MONITOR_INTERVAL_S):

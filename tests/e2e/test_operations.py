@@ -95,3 +95,48 @@ def test_starts_and_kills_leave_nothing_in_the_system_temp_directory(
     assert sorted(p.name for p in system_temp.iterdir()) == [], "temporary files outside SINK_SCRATCH_DIR"
     left = sorted(p.name for p in jvm_temp.iterdir() if p.name not in before and p.name.startswith(LEAK_PREFIXES))
     assert left == [], f"temporary files outside SINK_SCRATCH_DIR, in {jvm_temp}"
+
+
+def test_an_outage_shows_within_seconds_and_so_does_recovery(bootstrap, unique, service_env, services, tmp_path):
+    """A 60 s outage at the default retry budget (60 s): tasks keep retrying inside the executor
+    all that time, so only the live signals can tell the driver."""
+    endpoint = LocalEmsServer(tmp_path / "ems-outage", AUTHORIZATION)
+    endpoint.start()
+    try:
+        topic, group = unique("live"), unique("group")
+        create_topics(bootstrap, {topic: 2})
+        env = service_env(topic, group, SINK_EMS_ENDPOINT=endpoint.items_url(), SINK_FLUSH_INTERVAL_MS=1000)
+        port = int(env["SINK_HTTP_PORT"])
+        service = services(env)
+        wait_until(lambda: (service.readiness(port) or (0,))[0] == 200, 60, "ready", process=service)
+
+        endpoint.inject_fault(503)
+        outage = time.monotonic()
+        workload = Workload()
+        produce_orders(bootstrap, topic, keys=200, updates=1, workload=workload)
+
+        def signalled() -> bool:
+            state = service.readiness(port)
+            if state is None or state[0] != 503 or "retrying" not in state[1]["reason"]:
+                return False
+            samples = scrape_metrics(port)
+            return (metric_total(samples, "sink_upload_retries_total") > 0
+                    and metric_total(samples, "sink_upload_oldest_inflight_age_seconds") > 0)
+
+        wait_until(signalled, 15, "readiness, retries and in-flight age showing the outage", interval_s=0.25,
+                   process=service)
+        shown_after = time.monotonic() - outage
+        retries_then = metric_total(scrape_metrics(port), "sink_upload_retries_total")
+        time.sleep(max(0.0, 60 - (time.monotonic() - outage)))
+        assert metric_total(scrape_metrics(port), "sink_upload_retries_total") > retries_then, "retries rising"
+
+        endpoint.clear_faults()
+        recovered = time.monotonic()
+        wait_until(lambda: (service.readiness(port) or (0,))[0] == 200, 15, "ready again after the outage",
+                   interval_s=0.25, process=service)
+        recovered_after = time.monotonic() - recovered
+        wait_until(lambda: table_matches(endpoint, topic, workload), 60, "delivery", process=service)
+        assert service.terminate() == 0
+        assert shown_after < 15 and recovered_after < 15, (shown_after, recovered_after)
+    finally:
+        endpoint.stop()
