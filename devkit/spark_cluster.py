@@ -26,11 +26,15 @@ def _spark_class() -> str:
 
 
 @contextmanager
-def standalone_cluster(workers: int = 2, cores_per_worker: int = 1, memory: str = "1g") -> Iterator[str]:
+def standalone_cluster(workers: int = 2, cores_per_worker: int = 1, memory: str = "1g",
+                       auth_secret: str | None = None) -> Iterator[str]:
+    """A master URL; with `auth_secret`, master and workers require Spark's RPC authentication."""
     resolve_java()  # master, workers and executors inherit JAVA_HOME
     work = Path(tempfile.mkdtemp(prefix="spark-cluster-"))
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(work),
            "SPARK_WORKER_DIR": str(work / "work"), "PYSPARK_PYTHON": sys.executable}
+    if auth_secret:
+        env["SPARK_DAEMON_JAVA_OPTS"] = f"-Dspark.authenticate=true -Dspark.authenticate.secret={auth_secret}"
     port, ui_port = free_port(), free_port()
     master_url = f"spark://127.0.0.1:{port}"
     processes: list[subprocess.Popen] = []

@@ -282,6 +282,14 @@ class SinkConfig:
     spark_master: str = setting(
         "SINK_SPARK_MASTER", "Spark master URL: `local[*]` or `spark://host:7077`.", "local[*]",
         group="Runtime")
+    spark_auth_secret: str | None = setting(
+        "SINK_SPARK_AUTH_SECRET", "Shared secret for Spark's RPC authentication and AES encryption "
+        "(`spark.authenticate`, `spark.network.crypto.enabled`), which the service turns on whenever "
+        "`SINK_SPARK_MASTER` is not `local`: task specs carry the upload credentials to executors. "
+        "Required with a standalone master (`spark://`), whose master and workers must run with the "
+        "same secret (`SPARK_MASTER_OPTS`/`SPARK_WORKER_OPTS=-Dspark.authenticate=true "
+        "-Dspark.authenticate.secret=...`); YARN and Kubernetes generate one when it is unset.",
+        secret=True, group="Runtime")
     http_port: int = setting(
         "SINK_HTTP_PORT", "Port of `/healthz` and `/readyz`; 0 disables the HTTP server.", 8080,
         minimum=0, group="Runtime")
@@ -647,8 +655,19 @@ def _check_soft_delete(c: SinkConfig, metadata: tuple[str, ...]) -> list[str]:
     return problems
 
 
+def _check_cluster(c: SinkConfig) -> list[str]:
+    """Upload credentials travel to executors in task specs: never over unauthenticated plain RPC."""
+    if c.spark_master.startswith("spark://") and not c.spark_auth_secret:
+        return ["SINK_SPARK_MASTER is a standalone cluster, so SINK_SPARK_AUTH_SECRET is required: task specs "
+                "carry upload credentials to executors, and Spark's RPC is authenticated and encrypted with it. "
+                "Give the master and workers the same secret (SPARK_MASTER_OPTS/SPARK_WORKER_OPTS="
+                "'-Dspark.authenticate=true -Dspark.authenticate.secret=...')."]
+    return []
+
+
 _CHECKS: tuple[Callable[[SinkConfig], list[str]], ...] = (
-    _check_kafka, _check_target, _check_tls, _check_records, _check_row_shape, _check_keys_and_metadata)
+    _check_kafka, _check_target, _check_tls, _check_records, _check_row_shape, _check_keys_and_metadata,
+    _check_cluster)
 
 
 def reference_markdown() -> str:

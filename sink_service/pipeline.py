@@ -91,6 +91,12 @@ def start_spark(config: SinkConfig, extra_java_options: Sequence[str] = ()) -> S
         .config("spark.executor.extraJavaOptions", " ".join(jvm_options))
         .config("spark.local.dir", str(Path(config.scratch_dir) / "spark-local"))
     )
+    if not config.spark_master.startswith("local"):
+        # Task specs carry upload credentials to executors: authenticate and encrypt Spark's RPC.
+        builder = (builder.config("spark.authenticate", "true")
+                   .config("spark.network.crypto.enabled", "true"))
+        if config.spark_auth_secret:
+            builder = builder.config("spark.authenticate.secret", config.spark_auth_secret)
     # The JVM inherits an ignored SIGTERM and then keeps ignoring it, so a SIGTERM sent to the
     # whole process group cannot kill it before the service has drained and committed.
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)

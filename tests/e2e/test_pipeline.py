@@ -32,6 +32,7 @@ def _deliver_two_topics(bootstrap, ems, unique, service_env, services, **overrid
     assert service.terminate() == 0
     output = service.output()
     assert AUTHORIZATION not in output and AUTHORIZATION.split()[1] not in output
+    assert not [name for name, value in overrides.items() if "SECRET" in name and str(value) in output]
 
     for topic in topics:
         assert_table_exact(ems, topic, workload)
@@ -48,8 +49,11 @@ def test_two_topics_three_partitions_end_to_end(bootstrap, ems, unique, service_
 
 @pytest.mark.cluster
 def test_end_to_end_on_standalone_cluster_with_two_workers(bootstrap, ems, unique, service_env, services):
-    with standalone_cluster(workers=2) as master:
-        _deliver_two_topics(bootstrap, ems, unique, service_env, services, SINK_SPARK_MASTER=master)
+    """With RPC authentication and encryption on: master and workers refuse a driver without the secret."""
+    secret = "cluster-secret-e2e-0815"
+    with standalone_cluster(workers=2, auth_secret=secret) as master:
+        _deliver_two_topics(bootstrap, ems, unique, service_env, services, SINK_SPARK_MASTER=master,
+                            SINK_SPARK_AUTH_SECRET=secret)
 
 
 def test_idle_partition_flushes_on_time_while_another_is_busy(bootstrap, ems, unique, service_env, services):

@@ -323,7 +323,7 @@ URL_CREDENTIAL = "url-pass-word-4711"
     ("SINK_KAFKA_EXAMPLE_URL", f"https://client:{URL_CREDENTIAL}@idp.corp/x", f"https://{MASK}@idp.corp/x"),
 ])
 def test_masked_dump_hides_credentials_written_into_urls(name, url, shown):
-    dump = load_config(env(**{name: url})).masked()
+    dump = load_config(env(**{name: url, "SINK_SPARK_AUTH_SECRET": "cluster-secret"})).masked()
     assert dump[name] == shown  # scheme, host and port stay visible
     assert URL_CREDENTIAL not in repr(dump)
 
@@ -444,3 +444,13 @@ def test_a_misspelt_setting_makes_the_service_exit_2():
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert "SINK_FLUSH_RECRODS" in result.stderr and "SINK_FLUSH_RECORDS" in result.stderr
+
+
+def test_a_standalone_cluster_needs_the_spark_auth_secret():
+    env = {"SINK_KAFKA_BOOTSTRAP_SERVERS": "k:9092", "SINK_TOPICS": "t", "SINK_TARGET": "dir",
+           "SINK_DIR_PATH": "/tmp/x", "SINK_SPARK_MASTER": "spark://10.0.0.5:7077"}
+    with pytest.raises(ConfigError, match="SINK_SPARK_AUTH_SECRET is required"):
+        load_config(env)
+    config = load_config({**env, "SINK_SPARK_AUTH_SECRET": "s3cr3t-value"})
+    assert config.masked()["SINK_SPARK_AUTH_SECRET"] != "s3cr3t-value"
+    assert load_config({**env, "SINK_SPARK_MASTER": "local[2]"}).spark_auth_secret is None
