@@ -83,3 +83,10 @@ def scrape_metrics(port: int) -> dict[tuple[str, tuple], float]:
 def metric_total(samples: dict, name: str, **labels: str) -> float:
     """The sum of `name` over the samples whose labels include `labels`."""
     return sum(v for (n, ls), v in samples.items() if n == name and all((k, v2) in ls for k, v2 in labels.items()))
+
+
+def duplicate_overhead(ems: LocalEmsServer, topic: str, ends: dict[int, int]) -> float:
+    """Offsets uploaded (replays counted again) per distinct offset: 1.0 means nothing was re-sent."""
+    spans = uploaded_ranges(ems, topic)
+    sent = sum(last - first + 1 for ranges in spans.values() for first, last in ranges)
+    return sent / sum(ends.values())

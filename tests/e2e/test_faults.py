@@ -15,7 +15,13 @@ from confluent_kafka import Producer
 
 from devkit.kafka_data import Workload, committed_offsets, create_topics, end_offsets, produce_orders
 from devkit.service_process import wait_until
-from tests.e2e.checks import all_committed, assert_ranges_cover, assert_table_exact, table_matches
+from tests.e2e.checks import (
+    all_committed,
+    assert_ranges_cover,
+    assert_table_exact,
+    duplicate_overhead,
+    table_matches,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -46,6 +52,9 @@ def test_kill_minus_nine_twice_mid_stream_loses_nothing(bootstrap, ems_last_uplo
     assert service.terminate() == 0
     assert_table_exact(ems, topic, workload)
     assert_ranges_cover(ems, topic, end_offsets(bootstrap, topic, 3), allow_replays=True)
+    # A crash re-sends at most what was in flight: one micro-batch of 3 files per crash here.
+    overhead = duplicate_overhead(ems, topic, end_offsets(bootstrap, topic, 3))
+    assert overhead <= 1 + 2 * 3 * 1000 / total, f"{overhead:.3f} offsets uploaded per offset"
 
 
 def test_endpoint_outage_commits_nothing_then_delivers_everything(bootstrap, ems_last_upload, unique, service_env,
