@@ -1,0 +1,98 @@
+"""Crash chaos: ten `kill -9` at random moments while records flow and the endpoint misbehaves.
+
+After every kill, no partition may be committed past what reached the endpoint without a gap.
+The endpoint is the last-upload-wins kind, reached through a proxy that can reset connections,
+so an out-of-order or lost upload leaves a wrong row behind and fails the final check.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from urllib.parse import urlsplit
+
+import pytest
+
+from devkit.chaos_proxy import ChaosProxy
+from devkit.kafka_data import Workload, committed_offsets, create_topics, end_offsets, produce_orders
+from devkit.service_process import wait_until
+from tests.e2e.checks import (
+    all_committed,
+    assert_ranges_cover,
+    assert_table_exact,
+    duplicate_overhead,
+    table_matches,
+    uploaded_ranges,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
+
+PARTITIONS = 4
+KILLS = 10
+BURSTS, KEYS, VERSIONS = 20, 500, 10  # 100k records, produced in bursts while the service is killed
+
+
+def _delivered_prefix(ems, topic: str) -> dict[int, int]:
+    """Per partition, the end of the run of uploaded offsets that starts at 0 without a gap."""
+    prefix = {}
+    for partition, spans in uploaded_ranges(ems, topic).items():
+        covered = 0
+        for first, last in sorted(set(spans)):
+            if first > covered:
+                break
+            covered = max(covered, last + 1)
+        prefix[partition] = covered
+    return prefix
+
+
+def test_ten_kills_with_endpoint_faults_lose_nothing(bootstrap, ems_last_upload, unique, service_env, services):
+    ems = ems_last_upload
+    rng = random.Random(20261123)
+    topic, group = unique("chaos"), unique("group")
+    create_topics(bootstrap, {topic: PARTITIONS})
+    proxy = ChaosProxy(urlsplit(ems.url).port)
+    endpoint = proxy.url(urlsplit(ems.items_url()).path)
+    env = service_env(topic, group, SINK_EMS_ENDPOINT=endpoint, SINK_FLUSH_RECORDS=2000, SINK_MAX_FILES_PER_BATCH=4,
+                      SINK_FLUSH_INTERVAL_MS=1000, SINK_UPLOAD_RETRY_BUDGET_MS=4000, SINK_RESTART_BACKOFF_MAX_MS=2000)
+    workload = Workload()
+
+    def produce() -> None:
+        for burst in range(BURSTS):
+            produce_orders(bootstrap, topic, keys=KEYS, updates=VERSIONS, workload=workload, seed=burst,
+                           key_prefix=f"b{burst}")
+            time.sleep(2.5)
+
+    producing = threading.Thread(target=produce)
+    producing.start()
+    # Each fault kind in turn (503s, slow replies, connection resets), at a random moment.
+    faults = [lambda: ems.inject_fault(503, count=rng.randint(1, 4)),
+              lambda: ems.inject_fault(delay_ms=1500, seconds=4),
+              lambda: proxy.reset_for(3)]
+    try:
+        for kill in range(KILLS):
+            service = services(env)
+            time.sleep(rng.uniform(4, 9))
+            faults[kill % len(faults)]()
+            time.sleep(rng.uniform(0.5, 3))
+            service.kill9()
+            ems.clear_faults()
+            committed = committed_offsets(bootstrap, group, topic, PARTITIONS)
+            prefix = _delivered_prefix(ems, topic)
+            ahead = {p: (o, prefix.get(p, 0)) for p, o in committed.items() if o > prefix.get(p, 0)}
+            assert not ahead, f"kill {kill + 1}: committed past the delivered prefix: {ahead}"
+        producing.join()
+        service = services(env)
+        wait_until(lambda: table_matches(ems, topic, workload), 240, "convergence after the kills", process=service)
+        wait_until(lambda: all_committed(bootstrap, group, topic, PARTITIONS), 60, "final commits", process=service)
+        assert service.terminate() == 0
+    finally:
+        producing.join()
+        proxy.stop()
+    ends = end_offsets(bootstrap, topic, PARTITIONS)
+    assert sum(ends.values()) == BURSTS * KEYS * VERSIONS
+    assert_table_exact(ems, topic, workload)
+    assert_ranges_cover(ems, topic, ends, allow_replays=True)
+    assert proxy.resets > 0, "the connection-reset fault never hit a connection"
+    overhead = duplicate_overhead(ems, topic, ends)
+    assert overhead < 2.0, f"{overhead:.3f} offsets uploaded per offset"
