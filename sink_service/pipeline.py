@@ -47,6 +47,7 @@ from sink_service.upload_signals import NO_SIGNALS, SIGNAL_PATH, LiveUploads, Si
 log = logging.getLogger("sink_service.pipeline")
 
 LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
+BROKER_ANSWER_S = 5.0  # a broker check without an answer for this long marks the broker unreachable
 
 
 class BatchIncomplete(Exception):
@@ -305,12 +306,21 @@ class Pipeline:
     def refresh_offset_metrics(self) -> None:
         """Lag and pending records, also while no batch runs; doubles as the broker check."""
         tps = list(self._commits.positions) if self._commits else []
+        # A paused or black-holed broker does not refuse, it never answers: the client waits out
+        # its 30 s timeout. Readiness must show that within BROKER_ANSWER_S, not when it ends.
+        silent = threading.Timer(BROKER_ANSWER_S, self.health.update, kwargs={
+            "broker_ok": False, "reason": f"broker unreachable: no answer within {BROKER_ANSWER_S:.0f}s"})
+        silent.daemon = True
+        silent.start()
         try:
             latest = self.kafka.latest(tps)
             committed = self.kafka.committed(tps)
         except Exception as exc:  # any client error means: not reachable right now
             self.health.update(broker_ok=False, reason=f"broker unreachable: {exc}")
             return
+        finally:
+            silent.cancel()
+            silent.join()  # it either never ran or is done: the answer below has the last word
         self.health.update(broker_ok=True)
         # Where nothing is committed yet, lag counts from the resolved start position: a fresh
         # deployment facing a backlog, or an endpoint down from the start, must show lag at once.
