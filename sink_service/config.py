@@ -264,6 +264,18 @@ class SinkConfig:
         "named like S3 objects, `<path>/<topic>/<partition>/<first>-<last>.parquet`, and written "
         "atomically (temporary `.<name>.tmp-<id>` file, fsync, rename). On a cluster every executor "
         "must see the same directory.", group="Target")
+    rejected_file_policy: str = setting(
+        "SINK_REJECTED_FILE_POLICY", "A file the endpoint rejects as bad content (HTTP 400 or 413): "
+        "`fail` stops the service with exit 3; `park` writes it and the endpoint's answer to "
+        "`SINK_PARKED_PATH`, commits its offsets, counts it in `sink_parked_files_total`, logs an "
+        "ERROR and continues. 401/403/404 are configuration problems and stop the service either way.",
+        "fail", choices=("fail", "park"), group="Target")
+    parked_path: str | None = setting(
+        "SINK_PARKED_PATH", "Directory rejected files are parked in when `SINK_REJECTED_FILE_POLICY=park` "
+        "(required then; `s3://` URLs are not supported yet): `<path>/<topic>/<partition>/<first>-<last>"
+        ".parquet` plus `<same>.response.json` with the endpoint's status, body and the file's metadata, "
+        "both written atomically. Re-push one with `python -m uploader push <file>`. On a cluster every "
+        "executor must see the same directory.", group="Target")
     tls_ca_bundle: str | None = setting(
         "SINK_TLS_CA_BUNDLE", "PEM file of the CA certificates that upload TLS connections (EMS, its "
         "proxy, S3) are verified against, for endpoints with a private or self-signed CA. It replaces "
@@ -479,6 +491,17 @@ def _is_loopback(host: str | None) -> bool:
         return False
 
 
+def _check_parking(c: SinkConfig) -> list[str]:
+    if c.rejected_file_policy != "park":
+        return []
+    if not c.parked_path:
+        return ["SINK_PARKED_PATH is required when SINK_REJECTED_FILE_POLICY=park."]
+    if "://" in c.parked_path:
+        return [f"SINK_PARKED_PATH must be a directory; URLs ({c.parked_path.split('://')[0]}://) are "
+                "not supported yet: mount the bucket or use a local directory."]
+    return []
+
+
 def _check_target(c: SinkConfig) -> list[str]:
     if c.target == "s3":
         return _check_s3(c)
@@ -666,7 +689,7 @@ def _check_cluster(c: SinkConfig) -> list[str]:
 
 
 _CHECKS: tuple[Callable[[SinkConfig], list[str]], ...] = (
-    _check_kafka, _check_target, _check_tls, _check_records, _check_row_shape, _check_keys_and_metadata,
+    _check_kafka, _check_target, _check_parking, _check_tls, _check_records, _check_row_shape, _check_keys_and_metadata,
     _check_cluster)
 
 

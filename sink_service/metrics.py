@@ -38,6 +38,9 @@ class SinkMetrics:
         self.upload_failures = Counter(
             "sink_upload_failures_total", "Ranges that stopped on an upload error, by class (retryable, fatal).",
             ("class",), registry=r)
+        self.parked_files = Counter(
+            "sink_parked_files_total", "Files the endpoint rejected as bad content, parked under "
+            "SINK_PARKED_PATH, by reason (http_400, http_413).", ("topic", "reason"), registry=r)
         self.bad_records = Counter(
             "sink_bad_records_total", "Records that could not become rows, by reason.", ("topic", "reason"),
             registry=r)
@@ -73,6 +76,9 @@ class SinkMetrics:
         self.records_written.labels(*labels).inc(row.records_written)
         self.records_uploaded.labels(*labels).inc(row.records_uploaded)
         for upload in json.loads(row.files):
+            if upload["parked"]:
+                self.parked_files.labels(row.topic, upload["parked"]).inc()
+                continue
             self.files_uploaded.labels(*labels).inc()
             self.bytes_uploaded.labels(*labels).inc(upload["bytes"])
             self.upload_duration.labels(target).observe(upload["duration_s"])

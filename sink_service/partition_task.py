@@ -28,6 +28,7 @@ from sink_service.parquet_files import ClosedFile, PartitionFileWriter
 from sink_service.planner_hints import encode_schema
 from sink_service.upload_signals import NO_SIGNALS, SignalChannel, SignalSender
 from uploader.errors import FatalUploadError, RetryableUploadError
+from uploader.parking import PARKED_TARGET
 from uploader.target import FileMetadata, Receipt, UploadTarget
 
 log = logging.getLogger("sink_service.task")
@@ -185,10 +186,18 @@ class _RangeProcessor:
         finally:
             closed.path.unlink(missing_ok=True)
             self._signals.send("finished", metadata.file_name())
-        o.records_uploaded += closed.record_count
+        parked = receipt.target == PARKED_TARGET
+        if parked:  # the endpoint refused the content: set aside, so the range continues
+            log.error(
+                "file rejected and parked topic=%s partition=%d offsets=%d-%d status=%s parked_at=%s",
+                closed.topic, closed.partition, closed.first_offset, closed.last_offset,
+                receipt.details.get("status"), receipt.location)
+        else:
+            o.records_uploaded += closed.record_count
         o.committable = closed.last_offset + 1
         self._bad_at_commit = (o.bad_records, Counter(o.bad_reasons), list(o.bad_samples))
         o.files.append({
+            "parked": receipt.details.get("reason") if parked else None,
             "file": metadata.file_name(),
             "first_offset": closed.first_offset,
             "last_offset": closed.last_offset,

@@ -8,15 +8,23 @@ from __future__ import annotations
 from sink_service.config import SinkConfig
 from uploader.directory import DirectorySettings, DirectoryTarget
 from uploader.ems import EmsSettings, EmsTarget
+from uploader.parking import ParkingSettings, ParkingTarget
 from uploader.retry import RetryPolicy
 from uploader.s3 import S3Settings, S3Target
 from uploader.target import UploadTarget
 
-TargetSettings = EmsSettings | S3Settings | DirectorySettings
+TargetSettings = EmsSettings | S3Settings | DirectorySettings | ParkingSettings
 
 
 def target_settings(config: SinkConfig) -> TargetSettings:
     """Picklable, hashable settings for `config.target`; executors build the target from them."""
+    inner = _plain_settings(config)
+    if config.rejected_file_policy != "park":
+        return inner
+    return ParkingSettings(inner=inner, parked=DirectorySettings(path=config.parked_path, retry=inner.retry))
+
+
+def _plain_settings(config: SinkConfig) -> EmsSettings | S3Settings | DirectorySettings:
     retry = RetryPolicy(max_elapsed_s=config.upload_retry_budget_ms / 1000)
     timeout_s = config.upload_timeout_ms / 1000
     if config.target == "s3":
@@ -51,6 +59,8 @@ def target_settings(config: SinkConfig) -> TargetSettings:
 
 def build_target(settings: TargetSettings) -> UploadTarget:
     """The target matching the settings' type; runs in every executor that uploads."""
+    if isinstance(settings, ParkingSettings):
+        return ParkingTarget(build_target(settings.inner), settings.parked)
     if isinstance(settings, EmsSettings):
         return EmsTarget(settings)
     if isinstance(settings, S3Settings):

@@ -102,13 +102,15 @@ def error_for_status(
             retry_after_s=retry_after_s,
         )
     hint = hints.get(status, default_hint)
-    return FatalUploadError(
+    error = FatalUploadError(
         f"{what} was rejected with {label} and will not be retried: {hint.advice}. "
         f"Check {hint.setting}. Server said: {said}",
         status=status,
         reason=f"http_{status}",
         setting=hint.setting,
     )
+    error.body = said
+    return error
 
 
 def is_certificate_failure(exc: BaseException) -> bool:

@@ -40,6 +40,7 @@ import pyarrow as pa
 
 from uploader.errors import FatalUploadError, RetryableUploadError
 from uploader.masking import authorization_secrets, redact
+from uploader.parking import ParkingSettings, read_sidecar_metadata
 from uploader.parquet_info import footer_info, parse_file_name
 from uploader.target import FileMetadata, Receipt
 
@@ -184,9 +185,11 @@ def _settings_for(config: Any) -> Any:
     from sink_service.targets import target_settings
 
     try:
-        return target_settings(config)
+        settings = target_settings(config)
     except ValueError as exc:  # settings validation: names the setting, never the secret value
         raise UsageError(str(exc)) from None
+    # By hand, a rejection is reported, never parked: the person pushing is the one to act on it.
+    return settings.inner if isinstance(settings, ParkingSettings) else settings
 
 
 def _target_for(config: Any) -> Any:
@@ -243,7 +246,8 @@ def _push(args: argparse.Namespace, config: Any, say) -> int:
     path: pathlib.Path = args.file
     if not path.is_file():
         raise UsageError(f"no such file: {path}")
-    metadata = file_metadata(path, args, config)
+    # A parked file's sidecar holds the metadata it was first pushed with; flags do not apply then.
+    metadata = read_sidecar_metadata(path) or file_metadata(path, args, config)
     target = _target_for(config)
     try:
         if args.dry_run:

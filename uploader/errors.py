@@ -14,8 +14,9 @@ class UploadError(Exception):
 
     def __init__(self, message: str, *, status: int | None = None, reason: str = "error") -> None:
         super().__init__(message)
-        self.status = status
+        self.status = status  # the HTTP status when the endpoint answered, so callers never parse messages
         self.reason = reason
+        self.body: str | None = None  # the endpoint's answer (redacted excerpt), when it gave one
 
 
 class RetryableUploadError(UploadError):

@@ -1,0 +1,104 @@
+"""Parking: a file the endpoint rejects as bad content is set aside instead of stopping the service.
+
+Wraps any target. A FatalUploadError whose status says "this file's content" (400, 413) parks the
+file under SINK_PARKED_PATH at the same deterministic path as the dir target
+(`<topic>/<partition>/<first>-<last>.parquet`), with `<same>.response.json` beside it holding the
+endpoint's answer and the file's metadata; both are written atomically. Every other fatal error
+(401/403/404: configuration) still stops the service. A parking write that fails is retryable:
+the range is replayed, never skipped. `python -m uploader push <parked file>` re-pushes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from uploader.directory import DirectorySettings, DirectoryTarget, temp_name
+from uploader.errors import FatalUploadError, RetryableUploadError, UploadError
+from uploader.retry import OnRetry
+from uploader.target import FileMetadata, Receipt, UploadTarget
+
+PARKED_TARGET = "parked"
+SIDECAR_SUFFIX = ".response.json"
+CONTENT_REJECTIONS = (400, 413)
+
+
+@dataclass(frozen=True)
+class ParkingSettings:
+    """The real target's settings plus where rejected files go; hashable and picklable."""
+
+    inner: Any  # the wrapped target's settings
+    parked: DirectorySettings
+
+
+def sidecar_path(parked_file: pathlib.Path) -> pathlib.Path:
+    return parked_file.with_name(parked_file.name + SIDECAR_SUFFIX)
+
+
+def read_sidecar_metadata(parked_file: pathlib.Path) -> FileMetadata | None:
+    """The metadata saved beside a parked file, or None when there is no sidecar."""
+    sidecar = sidecar_path(parked_file)
+    if not sidecar.exists():
+        return None
+    fields = json.loads(sidecar.read_text())["metadata"]
+    fields["primary_keys"] = tuple(fields["primary_keys"])
+    return FileMetadata(**fields)
+
+
+class ParkingTarget:
+    """UploadTarget that parks content rejections of the wrapped target; see the module docstring."""
+
+    def __init__(self, inner: UploadTarget, parked: DirectorySettings) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.parked = DirectoryTarget(parked)
+
+    def upload(self, path: pathlib.Path, metadata: FileMetadata, on_retry: OnRetry | None = None) -> Receipt:
+        started = time.monotonic()
+        try:
+            return self.inner.upload(path, metadata, on_retry=on_retry)
+        except FatalUploadError as exc:
+            if exc.status not in CONTENT_REJECTIONS:
+                raise
+            return self._park(path, metadata, exc, started)
+
+    def _park(self, path: pathlib.Path, metadata: FileMetadata, rejection: FatalUploadError,
+              started: float) -> Receipt:
+        try:
+            stored = self.parked.upload(path, metadata)
+            _write_atomically(sidecar_path(pathlib.Path(stored.location)), {
+                "status": rejection.status,
+                "reason": rejection.reason,
+                "body": rejection.body,
+                "error": str(rejection),
+                "metadata": dataclasses.asdict(metadata),
+            })
+        except (UploadError, OSError) as exc:
+            raise RetryableUploadError(
+                f"parking {metadata.file_name()} (rejected with HTTP {rejection.status}) under "
+                f"SINK_PARKED_PATH failed: {exc}", reason="park") from exc
+        return Receipt(
+            target=PARKED_TARGET, location=stored.location, response_id=None, bytes=stored.bytes,
+            attempts=1, duration_s=time.monotonic() - started,
+            details={"status": rejection.status, "reason": rejection.reason})
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _write_atomically(final: pathlib.Path, document: dict[str, Any]) -> None:
+    """Temporary file in the same directory, fsync, rename: readers see all of it or nothing."""
+    temp = final.with_name(temp_name(final.name))
+    try:
+        with open(temp, "w", encoding="utf-8") as out:
+            json.dump(document, out, indent=2, ensure_ascii=False)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, final)
+    finally:
+        temp.unlink(missing_ok=True)
