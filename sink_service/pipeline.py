@@ -333,6 +333,8 @@ class Pipeline:
         self._hints.learn_types(row.topic, row.written_schema)
         for upload in json.loads(row.files):
             self._hints.learn_size(row.topic, upload["bytes"], upload["records"])
+            if upload.get("parked"):
+                continue  # logged at ERROR by the task that parked it; it was not uploaded
             fields = {
                 "event": "upload", "topic": row.topic, "partition": row.partition,
                 "first_offset": upload["first_offset"], "last_offset": upload["last_offset"],
