@@ -9,8 +9,9 @@ import json
 import pyarrow as pa
 import pytest
 
-from sink_service.config import ConfigError, load_config
+from sink_service.config import load_config
 from sink_service.decode.flatten import FieldCollision, column_name, flatten
+from tests.unit.config_helpers import config_problems, ems_env
 
 METADATA = ("_key", "_offset")
 
@@ -195,46 +196,32 @@ def test_a_field_may_never_fill_a_metadata_column():
     assert flat(table.slice(0, 1)).to_pylist() == [{"_key": "k1"}]
 
 
-def _env(**settings: str) -> dict[str, str]:
-    return {
-        "SINK_KAFKA_BOOTSTRAP_SERVERS": "broker:9092", "SINK_TOPICS": "orders",
-        "SINK_EMS_ENDPOINT": "https://team.realm.celonis.cloud/continuous-batch-processing/api/v1/pool/items",
-        "SINK_EMS_AUTHORIZATION": "AppKey secret", "SINK_EMS_TARGET_TABLE": "{topic}", **settings,
-    }
-
-
-def _problems(environ: dict[str, str]) -> list[str]:
-    with pytest.raises(ConfigError) as info:
-        load_config(environ)
-    return info.value.problems
-
-
 def test_flattening_is_on_by_default_for_ems_only():
-    assert load_config(_env()).flatten is True
-    assert load_config(_env(SINK_TARGET="dir", SINK_DIR_PATH="/tmp/out")).flatten is False
-    assert load_config(_env(SINK_TARGET="dir", SINK_DIR_PATH="/tmp/out", SINK_FLATTEN="true")).flatten is True
-    assert load_config(_env(SINK_FLATTEN="false")).flatten is False
-    assert load_config(_env()).masked()["SINK_FLATTEN"] is True  # the startup dump shows the effective value
+    assert load_config(ems_env()).flatten is True
+    assert load_config(ems_env(SINK_TARGET="dir", SINK_DIR_PATH="/tmp/out")).flatten is False
+    assert load_config(ems_env(SINK_TARGET="dir", SINK_DIR_PATH="/tmp/out", SINK_FLATTEN="true")).flatten is True
+    assert load_config(ems_env(SINK_FLATTEN="false")).flatten is False
+    assert load_config(ems_env()).masked()["SINK_FLATTEN"] is True  # the startup dump shows the effective value
 
 
 def test_flat_only_options_without_flattening_are_each_a_problem():
-    problems = _problems(_env(SINK_FLATTEN="false", SINK_FLATTEN_DISCARD_COLLECTIONS="true",
+    problems = config_problems(ems_env(SINK_FLATTEN="false", SINK_FLATTEN_DISCARD_COLLECTIONS="true",
                               SINK_LOWERCASE_FIELDS="true", SINK_DECIMALS_AS_DOUBLE="true"))
     for name in ("SINK_FLATTEN_DISCARD_COLLECTIONS", "SINK_LOWERCASE_FIELDS", "SINK_DECIMALS_AS_DOUBLE"):
         assert any(p.startswith(name) and "SINK_FLATTEN=true" in p for p in problems)
 
 
 def test_keys_and_order_field_must_name_flattened_columns():
-    problems = _problems(_env(SINK_PRIMARY_KEYS="customer.id,Region", SINK_ORDER_FIELD="Version",
+    problems = config_problems(ems_env(SINK_PRIMARY_KEYS="customer.id,Region", SINK_ORDER_FIELD="Version",
                               SINK_LOWERCASE_FIELDS="true"))
     assert any("`customer.id`" in p and "`customer_id`" in p for p in problems)
     assert any("`Region`" in p and "`region`" in p for p in problems)
     assert any(p.startswith("SINK_ORDER_FIELD") and "`version`" in p for p in problems)
-    load_config(_env(SINK_PRIMARY_KEYS="customer.id", SINK_FLATTEN="false"))
+    load_config(ems_env(SINK_PRIMARY_KEYS="customer.id", SINK_FLATTEN="false"))
 
 
 def test_a_declared_schema_is_checked_by_its_flattened_columns():
     schema = "customer STRUCT<id: STRING, name: STRING>, version BIGINT"
-    load_config(_env(SINK_VALUE_SCHEMA=schema, SINK_PRIMARY_KEYS="customer_id", SINK_ORDER_FIELD="version"))
-    problems = _problems(_env(SINK_VALUE_SCHEMA=schema, SINK_PRIMARY_KEYS="customer"))
+    load_config(ems_env(SINK_VALUE_SCHEMA=schema, SINK_PRIMARY_KEYS="customer_id", SINK_ORDER_FIELD="version"))
+    problems = config_problems(ems_env(SINK_VALUE_SCHEMA=schema, SINK_PRIMARY_KEYS="customer"))
     assert any("`customer`" in p and "SINK_VALUE_SCHEMA" in p for p in problems)

@@ -7,8 +7,9 @@ import hashlib
 import pyarrow as pa
 import pytest
 
-from sink_service.config import ConfigError, load_config
+from sink_service.config import load_config
 from sink_service.decode.obfuscate import MASK, obfuscate
+from tests.unit.config_helpers import config_problems, ems_env
 
 SALT = b"pepper-0123"
 
@@ -114,33 +115,19 @@ def test_an_unknown_method_is_an_error():
         obfuscate(pa.table({"v": ["a"]}), ["v"], "md5", SALT)
 
 
-def _env(**settings: str) -> dict[str, str]:
-    return {
-        "SINK_KAFKA_BOOTSTRAP_SERVERS": "broker:9092", "SINK_TOPICS": "orders",
-        "SINK_EMS_ENDPOINT": "https://team.realm.celonis.cloud/continuous-batch-processing/api/v1/pool/items",
-        "SINK_EMS_AUTHORIZATION": "AppKey secret", "SINK_EMS_TARGET_TABLE": "{topic}", **settings,
-    }
-
-
-def _problems(environ: dict[str, str]) -> list[str]:
-    with pytest.raises(ConfigError) as info:
-        load_config(environ)
-    return info.value.problems
-
-
 def test_obfuscation_settings_load():
-    config = load_config(_env(SINK_OBFUSCATE_FIELDS="customer.email, _key", SINK_OBFUSCATION_METHOD="sha512",
+    config = load_config(ems_env(SINK_OBFUSCATE_FIELDS="customer.email, _key", SINK_OBFUSCATION_METHOD="sha512",
                               SINK_OBFUSCATION_SALT="s3cr3t-salt"))
     assert config.obfuscate_fields == ("customer.email", "_key")
     assert config.masked()["SINK_OBFUSCATION_SALT"] == "*****"
-    assert load_config(_env()).obfuscation_method == "fix"
+    assert load_config(ems_env()).obfuscation_method == "fix"
 
 
 def test_a_hashed_primary_key_is_allowed_a_masked_one_is_not():
-    hashed = _env(SINK_PRIMARY_KEYS="customer_id", SINK_OBFUSCATE_FIELDS="customer.id",
+    hashed = ems_env(SINK_PRIMARY_KEYS="customer_id", SINK_OBFUSCATE_FIELDS="customer.id",
                   SINK_OBFUSCATION_METHOD="sha1", SINK_OBFUSCATION_SALT="s")
     load_config(hashed)
-    problems = _problems({**hashed, "SINK_OBFUSCATION_METHOD": "fix", "SINK_OBFUSCATION_SALT": ""})
+    problems = config_problems({**hashed, "SINK_OBFUSCATION_METHOD": "fix", "SINK_OBFUSCATION_SALT": ""})
     assert problems == [
         "SINK_OBFUSCATE_FIELDS names `customer.id`, a primary key (SINK_PRIMARY_KEYS): `fix` would give every "
         "record the same key. Use SINK_OBFUSCATION_METHOD=sha512, which hashes keys consistently, or leave the "
@@ -148,7 +135,7 @@ def test_a_hashed_primary_key_is_allowed_a_masked_one_is_not():
 
 
 def test_every_obfuscation_problem_is_listed():
-    problems = _problems(_env(
+    problems = config_problems(ems_env(
         SINK_OBFUSCATE_FIELDS="a..b,version,_offset,email,email", SINK_ORDER_FIELD="version",
         SINK_OBFUSCATION_METHOD="sha512"))
     assert len(problems) == 5
@@ -160,6 +147,6 @@ def test_every_obfuscation_problem_is_listed():
 
 
 def test_a_salt_for_the_fixed_mask_is_a_problem_and_never_shown():
-    problems = _problems(_env(SINK_OBFUSCATE_FIELDS="email", SINK_OBFUSCATION_SALT="top-secret-salt"))
+    problems = config_problems(ems_env(SINK_OBFUSCATE_FIELDS="email", SINK_OBFUSCATION_SALT="top-secret-salt"))
     assert any("SINK_OBFUSCATION_METHOD=fix uses no salt" in p for p in problems)
     assert not any("top-secret-salt" in p for p in problems)
