@@ -155,8 +155,17 @@ class SinkConfig:
         "field is dropped.", group="Records")
     error_policy: str = setting(
         "SINK_ERROR_POLICY", "Records that cannot be decoded or lack a primary key: `fail` stops "
-        "with an error naming topic, partition and offset; `skip` logs and counts each one.",
-        "fail", choices=("fail", "skip"), group="Records")
+        "with an error naming topic, partition and offset; `skip` logs and counts each one; `dlq` also "
+        "produces each one, unchanged, to `SINK_DLQ_TOPIC` and commits its offset only once the topic "
+        "has acknowledged it (see Operations: dead letters).",
+        "fail", choices=("fail", "skip", "dlq"), group="Records")
+    dlq_topic: str | None = setting(
+        "SINK_DLQ_TOPIC", "Dead-letter topic, on the source cluster, for `SINK_ERROR_POLICY=dlq` (required "
+        "then): each bad record's original key, value and headers, plus `sink.error.kind`, "
+        "`sink.error.message`, `sink.source.topic`, `sink.source.partition`, `sink.source.offset` and "
+        "`sink.source.timestamp` headers, produced with `acks=all`. A topic that cannot be written holds "
+        "the partition at the bad record (not ready) until it can. Replay with "
+        "`python -m sink_service.dead_letters replay`.", group="Records")
     max_identical_failures: int = setting(
         "SINK_MAX_IDENTICAL_FAILURES", "A partition whose replay fails this many times in a row at the "
         "same offset with the same error (not an upload or broker outage, which are retried while the "
@@ -563,6 +572,28 @@ def _check_tls(c: SinkConfig) -> list[str]:
     return []
 
 
+def _check_dead_letters(c: SinkConfig) -> list[str]:
+    if c.error_policy != "dlq":
+        return [f"SINK_DLQ_TOPIC is set, but SINK_ERROR_POLICY={c.error_policy} sends nothing there; set "
+                "SINK_ERROR_POLICY=dlq or remove it."] if c.dlq_topic else []
+    if not c.dlq_topic:
+        return ["SINK_DLQ_TOPIC is required when SINK_ERROR_POLICY=dlq."]
+    consumed = c.dlq_topic in c.topics or (
+        c.topic_pattern is not None and _fullmatch(c.topic_pattern, c.dlq_topic))
+    if consumed:
+        return [f"SINK_DLQ_TOPIC={c.dlq_topic} is one of the topics this service consumes: its bad records "
+                "would come back to it forever. Use a topic outside SINK_TOPICS/SINK_TOPIC_PATTERN."]
+    return []
+
+
+def _fullmatch(pattern: str, text: str) -> bool:
+    """Whether a (possibly invalid: reported by `_check_kafka`) pattern matches the whole text."""
+    try:
+        return re.fullmatch(pattern, text) is not None
+    except re.error:
+        return False
+
+
 def _check_records(c: SinkConfig) -> list[str]:
     problems = []
     if c.value_schema:
@@ -689,8 +720,8 @@ def _check_cluster(c: SinkConfig) -> list[str]:
 
 
 _CHECKS: tuple[Callable[[SinkConfig], list[str]], ...] = (
-    _check_kafka, _check_target, _check_parking, _check_tls, _check_records, _check_row_shape, _check_keys_and_metadata,
-    _check_cluster)
+    _check_kafka, _check_target, _check_parking, _check_tls, _check_dead_letters, _check_records, _check_row_shape,
+    _check_keys_and_metadata, _check_cluster)
 
 
 def reference_markdown() -> str:

@@ -44,6 +44,10 @@ class SinkMetrics:
         self.bad_records = Counter(
             "sink_bad_records_total", "Records that could not become rows, by reason.", ("topic", "reason"),
             registry=r)
+        self.dead_letters = Counter(
+            "sink_dead_letters_total", "Bad records the dead-letter topic (SINK_DLQ_TOPIC) acknowledged, by "
+            "source topic and reason; a replayed range sends its dead letters again.", ("topic", "reason"),
+            registry=r)
         self.lag = Gauge(
             "sink_consumer_lag_records",
             "Last stable offset minus the committed offset (before the first commit: minus the start position).",
@@ -87,6 +91,8 @@ class SinkMetrics:
             self.upload_retries.labels(reason).inc(max(0, count - counted_live.get(reason, 0)))
         for reason, count in json.loads(row.bad_reasons).items():
             self.bad_records.labels(row.topic, reason).inc(count)
+        for reason, count in json.loads(row.dead_letters).items():
+            self.dead_letters.labels(row.topic, reason).inc(count)
         if row.failure_class:
             self.upload_failures.labels(row.failure_class).inc()
 

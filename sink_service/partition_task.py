@@ -21,6 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sink_service.dead_letters import DeadLetterError, DeadLetters, DeadLetterSpec
 from sink_service.decode import BadRecord, DecodedChunk, DecodeSpec, decode
 from sink_service.decode.compact import FileCompactor
 from sink_service.kafka_source.admission import Range
@@ -38,8 +39,10 @@ STATUS_RETRYABLE = "retryable"  # replay from the committed offsets
 STATUS_FATAL = "fatal"  # stop the service: retrying cannot fix it
 # Why a range stopped early. Upload and read failures are outages: retried while the service stays
 # up. A processing failure survived the record-by-record pass, so the driver counts repeats.
+# A dead-letter topic that does not acknowledge is an outage too (see `sink_service.dead_letters`).
 ERROR_UPLOAD = "upload"
 ERROR_READ = "read"
+ERROR_DEAD_LETTER = "dead_letter"
 ERROR_PROCESSING = "processing"
 
 _DDL_TYPES = {pa.string(): "STRING", pa.int32(): "INT", pa.int64(): "BIGINT"}
@@ -52,13 +55,14 @@ RESULT_SCHEMA = pa.schema([
     ("status", pa.string()),
     ("error", pa.string()),
     ("failure_class", pa.string()),  # "", "retryable" or "fatal": upload failures only
-    ("error_kind", pa.string()),  # "", ERROR_UPLOAD, ERROR_READ or ERROR_PROCESSING
+    ("error_kind", pa.string()),  # "", ERROR_UPLOAD, ERROR_READ, ERROR_DEAD_LETTER or ERROR_PROCESSING
     ("records_read", pa.int64()),
     ("records_written", pa.int64()),
     ("records_uploaded", pa.int64()),
     ("bad_records", pa.int64()),
     ("bad_reasons", pa.string()),  # JSON {kind: count}
     ("bad_samples", pa.string()),  # JSON list of BadRecord descriptions
+    ("dead_letters", pa.string()),  # JSON {kind: count}: acknowledged by the dead-letter topic
     ("retries", pa.string()),  # JSON {reason: count}
     ("files", pa.string()),  # JSON list of uploaded file descriptions
     ("written_schema", pa.string()),  # the widest types of the uploaded files, encoded (planner_hints)
@@ -82,6 +86,7 @@ class TaskSpec:
     error_policy: str
     compact_files: bool = False  # SINK_COMPACT_FILES: each file holds only the latest row per key
     signals: SignalChannel = NO_SIGNALS  # live upload signals to the driver
+    dead_letters: DeadLetterSpec | None = None  # required with error_policy "dlq"
 
     def table_for(self, topic: str) -> str:
         return self.table_template.replace("{topic}", topic)
@@ -119,13 +124,14 @@ class _Outcome:
     bad_records: int = 0
     bad_reasons: Counter = field(default_factory=Counter)
     bad_samples: list[str] = field(default_factory=list)
+    dead_letters: Counter = field(default_factory=Counter)
     retries: Counter = field(default_factory=Counter)
     files: list[dict] = field(default_factory=list)
     written_schema: str = ""
 
     def to_batch(self) -> pa.RecordBatch:
         row = {name: getattr(self, name) for name in RESULT_SCHEMA.names}
-        for name in ("bad_reasons", "bad_samples", "retries", "files"):
+        for name in ("bad_reasons", "bad_samples", "dead_letters", "retries", "files"):
             row[name] = json.dumps(row[name])
         return pa.RecordBatch.from_pylist([row], schema=RESULT_SCHEMA)
 
@@ -141,6 +147,7 @@ class _RangeProcessor:
         )
         o.committable = o.range_start
         self._bad_at_commit: tuple[int, Counter, list[str]] = (0, Counter(), [])
+        self._dead_letters = DeadLetters(spec.dead_letters) if spec.error_policy == "dlq" else None
         self.writer = PartitionFileWriter(
             Path(spec.scratch_dir) / "files",
             o.topic,
@@ -194,6 +201,7 @@ class _RangeProcessor:
                 receipt.details.get("status"), receipt.location)
         else:
             o.records_uploaded += closed.record_count
+        self._settle_dead_letters()
         o.committable = closed.last_offset + 1
         self._bad_at_commit = (o.bad_records, Counter(o.bad_reasons), list(o.bad_samples))
         o.files.append({
@@ -214,52 +222,70 @@ class _RangeProcessor:
         file, started_at = self._uploading
         self._signals.send("retry", file, reason=error.reason, error=str(error), started_at=started_at)
 
+    def _settle_dead_letters(self) -> None:
+        """Before the committable offset moves: every dead letter so far must be acknowledged."""
+        if self._dead_letters is None:
+            return
+        try:
+            self._dead_letters.settle()
+        except DeadLetterError as exc:
+            self.outcome.error_kind = ERROR_DEAD_LETTER
+            self._stop(STATUS_RETRYABLE, f"{exc}; nothing from offset {self.outcome.committable} on is committed "
+                                         "until a replay gets the dead letters through")
+        finally:
+            self.outcome.dead_letters = Counter(self._dead_letters.acknowledged)
+
     def _stop(self, status: str, error: str) -> None:
         self.outcome.status, self.outcome.error = status, error
         raise _StopRange(error)
 
-    def _reject(self, bad: list[BadRecord], *, log_each: bool) -> None:
+    def _reject(self, bad: list[BadRecord], *, log_as: str = "") -> None:
         o = self.outcome
         o.bad_records += len(bad)
         for record in bad:
             o.bad_reasons[record.kind] += 1
             if len(o.bad_samples) < MAX_BAD_SAMPLES:
                 o.bad_samples.append(record.describe())
-            if log_each:
-                log.warning("skipped bad record %s", record.describe())
+            if log_as:
+                log.warning("%s bad record %s", log_as, record.describe())
 
     def process(self, raw: pa.RecordBatch) -> None:
         self.outcome.records_read += raw.num_rows
-        self._write(decode(raw, self.decode_spec))
+        self._write(decode(raw, self.decode_spec), raw)
 
     def process_carefully(self, raw: pa.RecordBatch) -> None:
         """Like `process`, but a batch that cannot be decoded or encoded is halved until the
         records at fault are found; each becomes a bad record under the error policy."""
         self.outcome.records_read += raw.num_rows
         for chunk in _bisect_unwritable(raw, self.decode_spec):
-            self._write(chunk)
+            self._write(chunk, raw)
 
-    def _write(self, chunk: DecodedChunk) -> None:
+    def _write(self, chunk: DecodedChunk, raw: pa.RecordBatch) -> None:
+        """Write a chunk decoded from (part of) `raw`, its bad records under the error policy."""
         o = self.outcome
         if chunk.primary_keys != self.decode_spec.primary_keys:  # learned from the first key
             self.decode_spec = dataclasses.replace(self.decode_spec, primary_keys=chunk.primary_keys)
         if chunk.bad_records and self.spec.error_policy == "fail":
             first_bad = chunk.bad_records[0]
-            self._reject([s for s in chunk.skipped if s.offset < first_bad.offset], log_each=False)
+            self._reject([s for s in chunk.skipped if s.offset < first_bad.offset])
             for segment in chunk.segments:
                 before = segment.filter(pa.compute.less(segment.column("_offset"), first_bad.offset))
                 if before.num_rows:
                     self.writer.append(before)
             self.writer.finish()
-            self._reject([first_bad], log_each=False)
+            self._reject([first_bad])
             o.committable = first_bad.offset
             self._stop(
                 STATUS_FATAL,
                 f"bad record {first_bad.describe()}. SINK_ERROR_POLICY=fail stops here; fix or "
                 "remove the record upstream, or set SINK_ERROR_POLICY=skip to log and skip such records.",
             )
-        self._reject(chunk.skipped, log_each=False)  # left out on purpose (tombstones): never a failure
-        self._reject(chunk.bad_records, log_each=self.spec.error_policy == "skip")
+        self._reject(chunk.skipped)  # left out on purpose (tombstones): never a failure
+        if self._dead_letters is not None:
+            self._reject(chunk.bad_records, log_as=f"dead-lettering to {self._dead_letters.spec.topic}")
+            self._dead_letters.send(raw, chunk.bad_records)  # acknowledged before the offsets are committed
+        else:
+            self._reject(chunk.bad_records, log_as="skipped")
         for segment in chunk.segments:
             self.writer.append(segment)
 
@@ -273,6 +299,7 @@ class _RangeProcessor:
 
     def finish(self) -> None:
         self.writer.finish()
+        self._settle_dead_letters()
         self.outcome.committable = self.outcome.range_end
 
 

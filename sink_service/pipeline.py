@@ -27,6 +27,7 @@ from pyspark.sql.streaming import StreamingQuery
 from sink_service import java_home, spark_home
 from sink_service.config import SinkConfig
 from sink_service.ddl import parse_ddl
+from sink_service.dead_letters import DeadLetterSpec
 from sink_service.decode import DecodeSpec
 from sink_service.health import Health
 from sink_service.kafka_source.datasource import (
@@ -158,6 +159,7 @@ class Pipeline:
             error_policy=config.error_policy,
             compact_files=config.compact_files,
             signals=signals,
+            dead_letters=DeadLetterSpec.of(config.dlq_topic, self.client_config) if config.dlq_topic else None,
         )
 
     def start_query(self) -> StreamingQuery:
@@ -353,7 +355,7 @@ class Pipeline:
             log.warning(
                 "topic=%s partition=%d: %d bad record(s) %s (SINK_ERROR_POLICY=%s): %s",
                 row.topic, row.partition, row.bad_records,
-                "skipped" if self.config.error_policy == "skip" else "found",
+                {"skip": "skipped", "dlq": f"sent to {self.config.dlq_topic}"}.get(self.config.error_policy, "found"),
                 self.config.error_policy, "; ".join(json.loads(row.bad_samples)),
             )
         if row.status != STATUS_OK:

@@ -1,0 +1,139 @@
+"""SINK_ERROR_POLICY=dlq in a task against a real broker: bad records leave unchanged, and no offset
+is committable past a dead letter the topic has not acknowledged."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from devkit.kafka_data import create_topics
+from sink_service import dead_letters
+from sink_service.config import load_config
+from sink_service.dead_letters import DeadLetterSpec, dead_letter_headers, original_headers
+from sink_service.decode import RAW_SCHEMA, BadRecord, DecodeSpec
+from sink_service.kafka_source.admission import Range
+from sink_service.partition_task import ERROR_DEAD_LETTER, TaskSpec, process_range
+from sink_service.targets import build_target
+from tests.unit.config_helpers import config_problems, ems_env
+from uploader.directory import DirectorySettings
+from uploader.retry import RetryPolicy
+
+HEADERS = [("trace", b"abc"), ("empty", None), ("trace", b"\xff\x00binary")]
+INVALID_TOPIC = "x" * 250  # longer than Kafka allows: every broker refuses it
+
+
+@pytest.fixture(autouse=True)
+def fresh_producers() -> Iterator[None]:
+    """Producers are cached per process; each test starts and ends without one."""
+    yield
+    for producer in dead_letters._producers.values():
+        producer.flush(5)
+    dead_letters._producers.clear()
+
+
+def spec(tmp_path: Path, bootstrap: str, dlq: str, flush_records: int = 100) -> TaskSpec:
+    return TaskSpec(
+        decode=DecodeSpec(None, ("id",), "_offset"),
+        target_settings=DirectorySettings(path=str(tmp_path / "out"), retry=RetryPolicy(max_elapsed_s=1)),
+        build_target=build_target,
+        table_template="{topic}",
+        scratch_dir=str(tmp_path / "scratch"),
+        flush_bytes=1 << 30,
+        flush_records=flush_records,
+        compression="snappy",
+        error_policy="dlq",
+        dead_letters=DeadLetterSpec.of(dlq, {"bootstrap.servers": bootstrap}),
+    )
+
+
+def value(i: int, bad: set[int]) -> bytes:
+    if i in bad:
+        return b'{"id": "broken' if i % 2 else json.dumps({"version": i}).encode()  # invalid JSON; no key
+    return json.dumps({"id": str(i), "version": i}).encode()
+
+
+def reader(n: int, bad: set[int], batch: int = 50):
+    def read(rng: Range) -> Iterator[pa.RecordBatch]:
+        for start in range(rng.start, min(rng.end, n), batch):
+            offsets = range(start, min(start + batch, rng.end))
+            yield pa.RecordBatch.from_pylist([
+                {"topic": "src", "partition": 3, "offset": i, "timestamp_ms": 1_700_000_000_000 + i,
+                 "key": f"k{i}".encode(), "value": value(i, bad),
+                 "headers": [{"key": k, "value": v} for k, v in HEADERS]}
+                for i in offsets], schema=RAW_SCHEMA)
+    return read
+
+
+def dead_letter_records(bootstrap: str, topic: str) -> list:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "dlq-reader", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    records = []
+    while batch := consumer.consume(100, timeout=3):
+        records += [m for m in batch if m.error() is None]
+    consumer.close()
+    return records
+
+
+def test_headers_keep_the_original_ones_first_then_say_where_and_why():
+    record = BadRecord("src", 3, 42, "invalid JSON: " + "x" * 10_000, "invalid_json")
+    headers = dead_letter_headers(record, 1_700_000_000_123, HEADERS)
+    assert headers[:3] == HEADERS
+    named = dict(headers[3:])
+    assert named.keys() == {"sink.error.kind", "sink.error.message", "sink.source.topic", "sink.source.partition",
+                            "sink.source.offset", "sink.source.timestamp"}
+    assert (named["sink.error.kind"], named["sink.source.topic"]) == (b"invalid_json", b"src")
+    assert (named["sink.source.partition"], named["sink.source.offset"]) == (b"3", b"42")
+    assert named["sink.source.timestamp"] == b"1700000000123"
+    assert named["sink.error.message"].startswith(b"invalid JSON: xxx")
+    assert len(named["sink.error.message"]) == dead_letters.MAX_MESSAGE_BYTES
+    assert original_headers(headers) == HEADERS
+
+
+def test_bad_records_reach_the_dead_letter_topic_unchanged_before_the_range_is_committable(bootstrap, tmp_path):
+    dlq = "dlq-unit-ok"
+    create_topics(bootstrap, {dlq: 1})
+    bad = {7, 120, 121, 250}
+    outcome = process_range(spec(tmp_path, bootstrap, dlq), Range("src", 3, 0, 300), reader(300, bad)).to_pylist()[0]
+    assert outcome["status"] == "ok", outcome["error"]
+    assert outcome["committable"] == 300
+    assert json.loads(outcome["dead_letters"]) == {"invalid_json": 2, "missing_key": 2}
+    records = dead_letter_records(bootstrap, dlq)
+    assert [int(dict(m.headers())["sink.source.offset"]) for m in records] == sorted(bad)
+    for m in records:
+        offset = int(dict(m.headers())["sink.source.offset"])
+        assert (m.key(), m.value()) == (f"k{offset}".encode(), value(offset, bad))
+        assert original_headers(m.headers()) == HEADERS
+        assert dict(m.headers())["sink.source.timestamp"] == str(1_700_000_000_000 + offset).encode()
+        assert dict(m.headers())["sink.error.kind"] == (b"invalid_json" if offset % 2 else b"missing_key")
+
+
+def test_a_dead_letter_topic_that_refuses_holds_the_range_before_the_bad_record(bootstrap, tmp_path):
+    outcome = process_range(spec(tmp_path, bootstrap, INVALID_TOPIC), Range("src", 3, 0, 300),
+                            reader(300, {150})).to_pylist()[0]
+    assert outcome["status"] == "retryable"
+    assert outcome["error_kind"] == ERROR_DEAD_LETTER
+    assert outcome["committable"] == 100, "the file before the bad record's is done; nothing past it"
+    assert "offset=150" in outcome["error"] and "dead-letter topic" in outcome["error"]
+    assert json.loads(outcome["dead_letters"]) == {}
+
+
+def test_an_unreachable_dead_letter_broker_is_waited_for_then_reported(tmp_path, monkeypatch):
+    monkeypatch.setattr(dead_letters, "DELIVERY_TIMEOUT_MS", 1500)
+    outcome = process_range(spec(tmp_path, "127.0.0.1:1", "dlq"), Range("src", 3, 0, 300),
+                            reader(300, {20})).to_pylist()[0]
+    assert (outcome["status"], outcome["error_kind"], outcome["committable"]) == ("retryable", ERROR_DEAD_LETTER, 0)
+    assert "offset=20" in outcome["error"]
+
+
+def test_dlq_policy_needs_a_topic_outside_the_consumed_ones():
+    assert config_problems(ems_env(SINK_ERROR_POLICY="dlq")) == [
+        "SINK_DLQ_TOPIC is required when SINK_ERROR_POLICY=dlq."]
+    assert "its bad records would come back" in config_problems(
+        ems_env(SINK_ERROR_POLICY="dlq", SINK_DLQ_TOPIC="orders"))[0]
+    assert "sends nothing there" in config_problems(ems_env(SINK_DLQ_TOPIC="orders-dlq"))[0]
+    assert load_config(ems_env(SINK_ERROR_POLICY="dlq", SINK_DLQ_TOPIC="orders-dlq")).dlq_topic == "orders-dlq"
