@@ -23,6 +23,8 @@ from sink_service.ddl import DdlError, parse_ddl
 from uploader.masking import mask_userinfo
 
 MASK = "*****"
+STRUCTURED_KEY_FORMATS = ("json", "avro")  # keys whose fields become columns (decode/keys.py)
+REGISTRY_FORMATS = ("avro",)  # formats whose schemas come from SINK_SCHEMA_REGISTRY_URL
 KAFKA_PASSTHROUGH_PREFIX = "SINK_KAFKA_"
 # SINK_* names that are not settings: the test harness's broker choice (devkit/brokers.py). A
 # developer's shell may export them while it also runs the service or `python -m uploader`.
@@ -132,11 +134,14 @@ class SinkConfig:
         "SINK_KEY_FORMAT", "How the Kafka key is read: `string` (the `_key` column holds its text), `raw` "
         "(`_key` holds its bytes) or `json` (a JSON object whose fields become columns, `_key` holding its "
         "text; a key that is not an object is a bad record). A key field and a value field with the same "
-        "name share one column, and the value wins: the key's is used only where the value lacks the field.",
-        "string", choices=("string", "json", "raw"), group="Records")
+        "name share one column, and the value wins: the key's is used only where the value lacks the field. "
+        "`avro`: framed for the schema registry like `SINK_VALUE_FORMAT=avro` values; its fields become columns as "
+        "a JSON key's do, and `_key` holds its bytes.",
+        "string", choices=("string", "json", "raw", "avro"), group="Records")
     key_fields_prefix: str = setting(
         "SINK_KEY_FIELDS_PREFIX", "Put before the name of each JSON key field, e.g. `key_`, so key and "
-        "value fields cannot share a name. Only with `SINK_KEY_FORMAT=json`.", "", group="Records")
+        "value fields cannot share a name. Only with a key whose fields become columns (`SINK_KEY_FORMAT` "
+        "`json` or `avro`).", "", group="Records")
     tombstones: str = setting(
         "SINK_TOMBSTONES", "Records with a null value (deletes): `skip` leaves them out, counted and logged "
         "as bad records of kind `tombstone`, never stopping the service; `fail` makes them bad records under "
@@ -153,6 +158,18 @@ class SinkConfig:
         "SINK_VALUE_SCHEMA", "Optional Spark DDL for the JSON value, e.g. `id STRING, amount "
         "DOUBLE`. Fields not declared are not written. When absent the schema is inferred and no "
         "field is dropped.", group="Records")
+    value_format: str = setting(
+        "SINK_VALUE_FORMAT", "How the Kafka value is read: `json` (an object per value), or `avro` in the "
+        "schema registry's wire format (magic byte 0, 4-byte schema id), decoded with the writer's schema "
+        "fetched from `SINK_SCHEMA_REGISTRY_URL` (see \"Value formats\").", "json",
+        choices=("json", "avro"), group="Records")
+    schema_registry_url: str | None = setting(
+        "SINK_SCHEMA_REGISTRY_URL", "Confluent-compatible schema registry, e.g. `https://registry:8081`; "
+        "required with the `avro` value or key format. Schemas are fetched by id and cached; a registry "
+        "that does not answer is an outage (retried, readiness false), never a bad record.", group="Records")
+    schema_registry_basic_auth: str | None = setting(
+        "SINK_SCHEMA_REGISTRY_BASIC_AUTH", "`user:password` for the schema registry's HTTP basic auth.",
+        secret=True, group="Records")
     error_policy: str = setting(
         "SINK_ERROR_POLICY", "Records that cannot be decoded or lack a primary key: `fail` stops "
         "with an error naming topic, partition and offset; `skip` logs and counts each one; `dlq` also "
@@ -605,7 +622,7 @@ def _check_records(c: SinkConfig) -> list[str]:
 
         known = set(_declared_columns(schema, c)) | set(METADATA_COLUMNS)
         for key in c.primary_keys:
-            if key not in known and c.key_format != "json":  # JSON keys bring fields of their own
+            if key not in known and c.key_format not in STRUCTURED_KEY_FORMATS:  # such keys bring fields
                 problems.append(f"SINK_PRIMARY_KEYS names `{key}`, which SINK_VALUE_SCHEMA does not declare.")
         if c.order_field not in known:
             problems.append(f"SINK_ORDER_FIELD names `{c.order_field}`, which SINK_VALUE_SCHEMA does not declare.")
@@ -686,7 +703,7 @@ def _check_keys_and_metadata(c: SinkConfig) -> list[str]:
                             "or `none`.")
     if "none" in c.metadata_columns and len(c.metadata_columns) > 1:
         problems.append("SINK_METADATA_COLUMNS lists `none` beside columns; give either.")
-    if c.key_fields_prefix and c.key_format != "json":
+    if c.key_fields_prefix and c.key_format not in STRUCTURED_KEY_FORMATS:
         problems.append("SINK_KEY_FIELDS_PREFIX applies only to JSON key fields; set SINK_KEY_FORMAT=json or "
                         "remove it.")
     if c.tombstones == "soft-delete":
@@ -697,15 +714,36 @@ def _check_keys_and_metadata(c: SinkConfig) -> list[str]:
 def _check_soft_delete(c: SinkConfig, metadata: tuple[str, ...]) -> list[str]:
     """A tombstone has no value: its row holds only the key's fields and metadata, which must place it."""
     problems = []
-    if not c.primary_keys and c.key_format != "json":
+    if not c.primary_keys and c.key_format not in STRUCTURED_KEY_FORMATS:
         problems.append("SINK_TOMBSTONES=soft-delete needs primary keys a tombstone carries: set "
                         "SINK_KEY_FORMAT=json (the key's fields are then the primary keys) or SINK_PRIMARY_KEYS=_key.")
-    elif c.key_format != "json" and set(c.primary_keys) != {"_key"}:
+    elif c.key_format not in STRUCTURED_KEY_FORMATS and set(c.primary_keys) != {"_key"}:
         problems.append("SINK_TOMBSTONES=soft-delete: a tombstone carries only its key, so SINK_PRIMARY_KEYS must "
                         "be `_key` or fields of a JSON key (SINK_KEY_FORMAT=json).")
     if c.order_field not in metadata:
         problems.append(f"SINK_TOMBSTONES=soft-delete: SINK_ORDER_FIELD=`{c.order_field}` is a value field, which a "
                         "tombstone does not have; use `_offset` or `_timestamp`.")
+    return problems
+
+
+def _check_formats(c: SinkConfig) -> list[str]:
+    """Value and key formats against the settings they need or exclude."""
+    problems = []
+    registry_formats = sorted({f"{env}={fmt}" for env, fmt in (("SINK_VALUE_FORMAT", c.value_format),
+                               ("SINK_KEY_FORMAT", c.key_format)) if fmt in REGISTRY_FORMATS})
+    if registry_formats and not c.schema_registry_url:
+        problems.append(f"SINK_SCHEMA_REGISTRY_URL is required with {' and '.join(registry_formats)}.")
+    if not registry_formats and (c.schema_registry_url or c.schema_registry_basic_auth):
+        problems.append("SINK_SCHEMA_REGISTRY_URL/SINK_SCHEMA_REGISTRY_BASIC_AUTH are set, but no format reads "
+                        "from a registry: set SINK_VALUE_FORMAT or SINK_KEY_FORMAT to avro.")
+    if c.schema_registry_url and urlsplit(c.schema_registry_url).scheme not in ("http", "https"):
+        problems.append(f"SINK_SCHEMA_REGISTRY_URL must be an http(s):// URL, got "
+                        f"{mask_userinfo(c.schema_registry_url, MASK)!r}.")
+    if c.schema_registry_basic_auth and ":" not in c.schema_registry_basic_auth:
+        problems.append("SINK_SCHEMA_REGISTRY_BASIC_AUTH must be `user:password` (value not shown).")
+    if c.value_schema and c.value_format != "json":
+        problems.append(f"SINK_VALUE_SCHEMA declares a JSON value's fields; with SINK_VALUE_FORMAT={c.value_format} "
+                        "the schema comes from the format itself: unset SINK_VALUE_SCHEMA.")
     return problems
 
 
@@ -721,7 +759,7 @@ def _check_cluster(c: SinkConfig) -> list[str]:
 
 _CHECKS: tuple[Callable[[SinkConfig], list[str]], ...] = (
     _check_kafka, _check_target, _check_parking, _check_tls, _check_dead_letters, _check_records, _check_row_shape,
-    _check_keys_and_metadata, _check_cluster)
+    _check_keys_and_metadata, _check_cluster, _check_formats)
 
 
 def reference_markdown() -> str:

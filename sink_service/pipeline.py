@@ -25,10 +25,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from sink_service import java_home, spark_home
-from sink_service.config import SinkConfig
+from sink_service.config import STRUCTURED_KEY_FORMATS, SinkConfig
 from sink_service.ddl import parse_ddl
 from sink_service.dead_letters import DeadLetterSpec
 from sink_service.decode import DecodeSpec
+from sink_service.decode.registry import RegistrySettings
 from sink_service.health import Health
 from sink_service.kafka_source.datasource import (
     FORMAT_NAME,
@@ -143,7 +144,10 @@ class Pipeline:
                 value_schema, config.primary_keys, config.order_field, key_format=config.key_format,
                 key_fields_prefix=config.key_fields_prefix, tombstones=config.tombstones,
                 metadata_columns=config.selected_metadata_columns(),
-                primary_keys_from_key=not config.primary_keys and config.key_format == "json",
+                primary_keys_from_key=not config.primary_keys and config.key_format in STRUCTURED_KEY_FORMATS,
+                value_format=config.value_format,
+                registry=RegistrySettings(config.schema_registry_url, config.schema_registry_basic_auth or "")
+                if config.schema_registry_url else None,
                 flatten=config.flatten, flatten_discard_collections=config.flatten_discard_collections,
                 lowercase_fields=config.lowercase_fields, decimals_as_double=config.decimals_as_double,
                 obfuscate_fields=config.obfuscate_fields, obfuscation_method=config.obfuscation_method,

@@ -1,10 +1,14 @@
 """Raw Kafka records to typed rows, one stage per module, in the order `decode` runs them:
 
     raw.py              the raw batch the range reader yields (RAW_SCHEMA)
-    keys.py             the Kafka key: `_key`, or with SINK_KEY_FORMAT=json its fields as columns
+    keys.py             the Kafka key: `_key`, or with SINK_KEY_FORMAT=json|avro|protobuf its fields
+                        as columns
     tombstones.py       records with a null value: skipped, bad records, or rows marked `_deleted`
     json_values.py      JSON object values to typed rows, chunk-wise (json_paths.py: the slow path's
                         JSON trees; declared_schema.py: SINK_VALUE_SCHEMA)
+    avro_values.py      SINK_VALUE_FORMAT=avro: Avro values (fastavro) under a schema-derived Arrow schema
+    registry.py         the Confluent wire format, and schemas by id from SINK_SCHEMA_REGISTRY_URL,
+                        cached per worker; a registry that does not answer is an outage
     metadata.py         Kafka metadata as `_` columns (headers.py: `_headers` as JSON)
     obfuscate.py        sensitive fields masked or hashed (SINK_OBFUSCATE_FIELDS)
     flatten.py          nested objects as `parent_child` columns (SINK_FLATTEN)
@@ -18,17 +22,26 @@ Every stage works on a whole batch at once; only what fails is looked at record 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sink_service.decode.avro_values import parse_avro
 from sink_service.decode.bad_records import BadRecord, Failures, bad_records, kept
 from sink_service.decode.column_types import unify
 from sink_service.decode.flatten import FieldCollision, column_name, flatten
-from sink_service.decode.json_values import parse_objects
-from sink_service.decode.keys import key_fields, learned_primary_keys, no_columns, unexpected_fields, with_key_fields
+from sink_service.decode.json_values import ParsedValues, parse_objects
+from sink_service.decode.keys import (
+    STRUCTURED_KEY_FORMATS,
+    key_fields,
+    learned_primary_keys,
+    no_columns,
+    unexpected_fields,
+    with_key_fields,
+)
 from sink_service.decode.metadata import (
     DEFAULT_METADATA_COLUMNS,
     METADATA_COLUMNS,
@@ -39,6 +52,7 @@ from sink_service.decode.metadata import (
 )
 from sink_service.decode.obfuscate import obfuscate
 from sink_service.decode.raw import RAW_SCHEMA
+from sink_service.decode.registry import RegistrySettings
 from sink_service.decode.required_fields import missing_fields
 from sink_service.decode.tombstones import DELETED, tombstone_failures, with_deleted
 
@@ -55,7 +69,9 @@ class DecodeSpec:
     key_fields_prefix: str = ""
     tombstones: str = "skip"  # tombstones.TOMBSTONE_POLICIES
     metadata_columns: tuple[str, ...] = DEFAULT_METADATA_COLUMNS  # as selected; see `written_metadata`
-    primary_keys_from_key: bool = False  # SINK_PRIMARY_KEYS unset with JSON keys: the key's fields
+    primary_keys_from_key: bool = False  # SINK_PRIMARY_KEYS unset with structured keys: the key's fields
+    value_format: str = "json"  # SINK_VALUE_FORMAT
+    registry: RegistrySettings | None = None  # for the avro and protobuf formats
     flatten: bool = False
     flatten_discard_collections: bool = False
     lowercase_fields: bool = False
@@ -117,7 +133,7 @@ def decode(raw: pa.RecordBatch, spec: DecodeSpec) -> DecodedChunk:
     """Decode one raw batch of a single topic-partition into (at most) one segment."""
     chunk = DecodedChunk(primary_keys=spec.primary_keys)
     rows = _Rows(raw, no_columns(raw.num_rows))
-    if spec.key_format == "json" and raw.num_rows:
+    if spec.key_format in STRUCTURED_KEY_FORMATS and raw.num_rows:
         rows = _with_key_fields(rows, spec, chunk)
     rows, deletions = _split_tombstones(rows, spec, chunk)
     parts = [part for part in (_with_values(rows, spec, chunk), deletions) if part is not None and part.raw.num_rows]
@@ -133,8 +149,9 @@ def decode(raw: pa.RecordBatch, spec: DecodeSpec) -> DecodedChunk:
 
 
 def _with_key_fields(rows: _Rows, spec: DecodeSpec, chunk: DecodedChunk) -> _Rows:
-    """The JSON keys' fields; with primary keys from the key, only those every key must have."""
-    keys = key_fields(rows.raw.column("key"), spec.key_fields_prefix)
+    """The keys' fields; with primary keys from the key, only those every key must have."""
+    parse = None if spec.key_format == "json" else _parser(spec.key_format, spec)
+    keys = key_fields(rows.raw.column("key"), spec.key_fields_prefix, parse)
     rows = _Rows(rows.raw, keys.table).without(keys.failures, chunk)
     if not spec.primary_keys_from_key:
         return rows
@@ -162,12 +179,19 @@ def _with_values(rows: _Rows, spec: DecodeSpec, chunk: DecodedChunk) -> _Rows | 
     """Rows of the values that parse, each with its key's fields."""
     if not rows.raw.num_rows:
         return None
-    parsed = parse_objects(rows.raw.column("value"), spec.value_schema)
+    parsed = _parser(spec.value_format, spec)(rows.raw.column("value"))
     chunk.bad_records += bad_records(rows.raw, parsed.failures)
     if parsed.table is None:
         return None
     rows = rows if parsed.rows is None else rows.take(parsed.rows)
     return _marked(_Rows(rows.raw, with_key_fields(rows.fields, parsed.table)), spec, chunk, deleted=False)
+
+
+def _parser(value_format: str, spec: DecodeSpec) -> Callable[[pa.Array], ParsedValues]:
+    """The decoder of one format: binary values (no nulls) to rows."""
+    if value_format == "avro":
+        return partial(parse_avro, registry=spec.registry)
+    return partial(parse_objects, value_schema=spec.value_schema)
 
 
 def _marked(rows: _Rows, spec: DecodeSpec, chunk: DecodedChunk, *, deleted: bool) -> _Rows:

@@ -5,12 +5,15 @@
 - `json`: the key is a JSON object whose fields become columns, named with SINK_KEY_FIELDS_PREFIX
   in front; `_key` is its text. A key that is not a JSON object is a bad record (`invalid_key`);
   a record without a key has null key fields.
+- `avro`, `protobuf`: the key is framed for the schema registry (`registry.py`) and decoded like
+  such values; its fields become columns as a JSON key's do, and `_key` holds its bytes. A key
+  that does not decode is a bad record of the decoder's kind (`invalid_avro`, `unknown_schema_id`).
 
 A key field and a value field with the same name share one column, and the value wins: a record
 whose value holds the field (not null) keeps the value's, one whose value lacks it takes the
 key's. Types are joined by the widening lattice, so no value changes.
 
-With SINK_KEY_FORMAT=json and no SINK_PRIMARY_KEYS, the key's fields are the primary keys. They
+With a structured key (json, avro, protobuf) and no SINK_PRIMARY_KEYS, the key's fields are the primary keys. They
 are learned from the first record with a key (as the columns they are written as, flattened names
 included, sorted, so every file of a topic names them alike), and every later key of the range
 must have exactly those fields, each a scalar: a key with other fields is a bad record
@@ -28,14 +31,15 @@ import pyarrow.compute as pc
 
 from sink_service.decode.bad_records import Failures
 from sink_service.decode.column_types import convert, join
-from sink_service.decode.json_values import parse_objects
+from sink_service.decode.json_values import ParsedValues, parse_objects
 
-KEY_FORMATS = ("string", "json", "raw")
+KEY_FORMATS = ("string", "json", "raw", "avro", "protobuf")
+STRUCTURED_KEY_FORMATS = ("json", "avro", "protobuf")  # keys whose fields become columns
 
 
 def key_column(keys: pa.Array, key_format: str) -> pa.Array:
-    """The `_key` column: the key's bytes for `raw`, else its text."""
-    if key_format == "raw":
+    """The `_key` column: the key's bytes for `raw` and the registry formats, else its text."""
+    if key_format in ("raw", "avro", "protobuf"):
         return keys
     try:
         return keys.cast(pa.string())
@@ -53,16 +57,18 @@ class KeyFields:
     failures: Failures
 
 
-def key_fields(keys: pa.Array, prefix: str) -> KeyFields:
-    """The fields of JSON object keys as columns named `prefix + field`; null keys give null fields."""
+def key_fields(keys: pa.Array, prefix: str, parse: Callable[[pa.Array], ParsedValues] | None = None) -> KeyFields:
+    """The fields of the keys as columns named `prefix + field`; null keys give null fields.
+
+    `parse`: the keys' decoder (binary, no nulls, to rows); None for JSON objects."""
     where = None  # positions of the keys given to the parser, when some are null
     given = keys
     if keys.null_count:
         present = pc.is_valid(keys)
         where, given = np.flatnonzero(present.to_numpy(zero_copy_only=False)), keys.filter(present)
-    parsed = parse_objects(given)
-    failures = {row if where is None else int(where[row]): (f"key is not a JSON object: {reason}", "invalid_key")
-                for row, (reason, _) in parsed.failures.items()}
+    parsed = parse_objects(given) if parse is None else parse(given)
+    failures = {row if where is None else int(where[row]): _key_failure(reason, kind, json=parse is None)
+                for row, (reason, kind) in parsed.failures.items()}
     if parsed.table is None:
         return KeyFields(no_columns(len(keys)), failures)
     table = parsed.table.rename_columns([prefix + name for name in parsed.table.column_names])
@@ -73,6 +79,10 @@ def key_fields(keys: pa.Array, prefix: str) -> KeyFields:
     index = np.full(len(keys), -1)
     index[rows] = np.arange(table.num_rows)
     return KeyFields(table.take(pa.array(index, mask=index < 0)), failures)
+
+
+def _key_failure(reason: str, kind: str, *, json: bool) -> tuple[str, str]:
+    return (f"key is not a JSON object: {reason}", "invalid_key") if json else (f"key: {reason}", kind)
 
 
 def no_columns(rows: int) -> pa.Table:

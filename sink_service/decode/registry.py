@@ -1,0 +1,201 @@
+"""Confluent wire format and the schema registry the Avro and Protobuf decoders read schemas from.
+
+A framed value is magic byte 0, a 4-byte big-endian schema id, then the payload (for Protobuf
+preceded by the message-index varints). Schemas are fetched from SINK_SCHEMA_REGISTRY_URL by
+id (`GET /schemas/ids/{id}`) and kept for the life of the Python worker: an id names one schema
+forever, so the cache never goes stale, and each worker asks once per id.
+
+An id the registry does not know (404) is the record's fault: a bad record (`unknown_schema_id`).
+A registry that cannot answer (connection refused, timeout, 5xx, 429, or refusing the
+credentials) is an outage: retried with backoff, then `RegistryUnavailable`, which the task
+reports as a retryable outage, never as bad records.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import requests
+import tenacity
+
+from sink_service.decode.column_types import unify, without_empty_structs
+from sink_service.decode.json_values import ParsedValues
+
+# What building a decoder from a schema the registry holds can raise when the schema is not one
+# the format reads (fastavro's SchemaParseException is a ValueError; protobuf's errors TypeError).
+DATA_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError)
+
+MAGIC = 0
+HEADER = 5  # magic byte and schema id
+_TIMEOUT_S = 10.0
+_ATTEMPTS = 5  # about 15 s of backoff before a task gives up on the registry
+
+
+class RegistryUnavailable(Exception):
+    """The registry did not answer: an outage, retried by replaying the range."""
+
+
+class UnknownSchema(Exception):
+    """The registry answered that no schema has this id."""
+
+
+@dataclass(frozen=True)
+class RegistrySettings:
+    """Where schemas come from; part of the task spec, so the auth is kept out of its repr."""
+
+    url: str
+    basic_auth: str = field(default="", repr=False)  # `user:password`
+
+
+@dataclass(frozen=True)
+class Framed:
+    """Values split into schema id and payload; `failures`: values that are not framed."""
+
+    ids: list[int]  # per value; -1 where it failed
+    payloads: list[bytes]
+    failures: dict[int, tuple[str, str]]
+
+
+def split_frames(values: pa.Array, invalid_kind: str) -> Framed:
+    """Schema id and payload of each value (binary, no nulls) in the Confluent wire format."""
+    ids, payloads, failures = [], [], {}
+    for row, value in enumerate(values.to_pylist()):
+        if len(value) < HEADER or value[0] != MAGIC:
+            shown = "too short" if len(value) < HEADER else f"first byte is 0x{value[0]:02x}"
+            failures[row] = (f"not in the schema registry wire format (magic byte 0, 4-byte schema id): {shown}",
+                             invalid_kind)
+            ids.append(-1)
+            payloads.append(b"")
+            continue
+        ids.append(int.from_bytes(value[1:HEADER], "big"))
+        payloads.append(value[HEADER:])
+    return Framed(ids, payloads, failures)
+
+
+def _transient(exc: BaseException) -> bool:
+    return isinstance(exc, RegistryUnavailable)
+
+
+class RegistryClient:
+    """Schemas by id, fetched once per worker process."""
+
+    def __init__(self, settings: RegistrySettings):
+        self.base = settings.url.rstrip("/")
+        self.session = requests.Session()
+        if settings.basic_auth:
+            user, _, password = settings.basic_auth.partition(":")
+            self.session.auth = (user, password)
+        self._schemas: dict[int, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def schema(self, schema_id: int) -> dict[str, Any]:
+        """The registry's answer for `schema_id`: `schema` (text) and `schemaType` (AVRO if absent)."""
+        found = self._schemas.get(schema_id)
+        if found is None:
+            found = self._fetch(schema_id)
+            with self._lock:
+                self._schemas[schema_id] = found
+        return found
+
+    @tenacity.retry(retry=tenacity.retry_if_exception(_transient), stop=tenacity.stop_after_attempt(_ATTEMPTS),
+                    wait=tenacity.wait_exponential(multiplier=0.5, max=8), reraise=True)
+    def _fetch(self, schema_id: int) -> dict[str, Any]:
+        # `format=serialized`: Protobuf schemas as a base64 FileDescriptorProto, which needs no .proto parser.
+        url = f"{self.base}/schemas/ids/{schema_id}"
+        try:
+            response = self.session.get(url, params={"format": "serialized"}, timeout=_TIMEOUT_S)
+        except requests.RequestException as exc:
+            raise RegistryUnavailable(f"schema registry {self.base} unreachable: {type(exc).__name__}") from None
+        if response.status_code == 404:
+            raise UnknownSchema(f"schema id {schema_id} is not in the schema registry")
+        if response.status_code != 200:
+            raise RegistryUnavailable(f"schema registry {self.base} answered {response.status_code} for schema id "
+                                      f"{schema_id}: {response.text[:200]}")
+        return response.json()
+
+
+_clients: dict[RegistrySettings, RegistryClient] = {}
+
+
+def registry_client(settings: RegistrySettings) -> RegistryClient:
+    """One client (and schema cache) per worker process and registry."""
+    client = _clients.get(settings)
+    if client is None:
+        client = _clients[settings] = RegistryClient(settings)
+    return client
+
+
+class Decoder:
+    """Decodes one schema's payloads to Python dicts shaped like `schema` (a struct's fields)."""
+
+    schema: pa.Schema
+
+    def decode(self, payload: bytes) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+@dataclass
+class _Group:
+    rows: list[int] = field(default_factory=list)
+    payloads: list[bytes] = field(default_factory=list)
+
+
+def parse_framed(values: pa.Array, settings: RegistrySettings, decoder: Callable[[dict[str, Any]], Decoder],
+                 invalid_kind: str) -> ParsedValues:
+    """Decode framed values (binary, no nulls) by their schemas: one table, rows in order.
+
+    Values of several schema ids (versions) in one chunk each decode with their own schema, and
+    the tables are joined by the widening lattice, as inferred JSON of different shapes is.
+    """
+    framed = split_frames(values, invalid_kind)
+    failures = dict(framed.failures)
+    groups: dict[int, _Group] = {}
+    for row, schema_id in enumerate(framed.ids):
+        if schema_id >= 0:
+            group = groups.setdefault(schema_id, _Group())
+            group.rows.append(row)
+            group.payloads.append(framed.payloads[row])
+    tables, rows = [], []
+    for schema_id, group in groups.items():
+        try:
+            schema_decoder = _decoder(settings, schema_id, decoder)
+        except UnknownSchema as exc:
+            failures.update((row, (str(exc), "unknown_schema_id")) for row in group.rows)
+            continue
+        except DATA_ERRORS as exc:  # the registry's schema is not one this format reads
+            reason = f"schema id {schema_id} cannot be read: {type(exc).__name__}: {exc}"
+            failures.update((row, (reason, invalid_kind)) for row in group.rows)
+            continue
+        decoded = []
+        for row, payload in zip(group.rows, group.payloads, strict=True):
+            try:
+                decoded.append(schema_decoder.decode(payload))
+                rows.append(row)
+            except Exception as exc:  # decoding reads only this payload: whatever it raises is the record's
+                failures[row] = (f"cannot be decoded with schema id {schema_id}: {type(exc).__name__}: {exc}",
+                                 invalid_kind)
+        if decoded:
+            tables.append(without_empty_structs(pa.Table.from_pylist(decoded, schema=schema_decoder.schema)))
+    if not tables:
+        return ParsedValues(None, pa.array([], pa.int64()), failures)
+    table = tables[0] if len(tables) == 1 else pa.concat_tables(unify(tables))
+    if len(rows) == len(values) and len(tables) == 1:
+        return ParsedValues(table, None, failures)
+    order = np.argsort(np.asarray(rows), kind="stable")
+    return ParsedValues(table.take(pa.array(order)), pa.array(np.asarray(rows)[order], pa.int64()), failures)
+
+
+_decoders: dict[tuple[RegistrySettings, int], Decoder] = {}
+
+
+def _decoder(settings: RegistrySettings, schema_id: int, build: Callable[[dict[str, Any]], Decoder]) -> Decoder:
+    """The decoder of `schema_id`, built once per worker process."""
+    found = _decoders.get((settings, schema_id))
+    if found is None:
+        found = _decoders[(settings, schema_id)] = build(registry_client(settings).schema(schema_id))
+    return found
