@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from devkit.kafka_data import create_topics
 from sink_service import dead_letters
@@ -71,7 +71,7 @@ def reader(n: int, bad: set[int], batch: int = 50):
 
 def dead_letter_records(bootstrap: str, topic: str) -> list:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "dlq-reader", "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, 0, 0)])
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(2)])
     records = []
     while batch := consumer.consume(100, timeout=3):
         records += [m for m in batch if m.error() is None]
@@ -137,3 +137,45 @@ def test_dlq_policy_needs_a_topic_outside_the_consumed_ones():
         ems_env(SINK_ERROR_POLICY="dlq", SINK_DLQ_TOPIC="orders"))[0]
     assert "sends nothing there" in config_problems(ems_env(SINK_DLQ_TOPIC="orders-dlq"))[0]
     assert load_config(ems_env(SINK_ERROR_POLICY="dlq", SINK_DLQ_TOPIC="orders-dlq")).dlq_topic == "orders-dlq"
+
+
+def test_replay_moves_dead_letters_back_once_per_filter(bootstrap, capsys):
+    dlq, orders, users = "dlq-unit-replay", "replay-orders", "replay-users"
+    create_topics(bootstrap, {dlq: 2, orders: 1, users: 1})
+    producer = Producer({"bootstrap.servers": bootstrap})
+    letters = [(orders, 0, "missing_key"), (orders, 1, "invalid_json"), (users, 0, "missing_key"),
+               (orders, 2, "missing_key")]
+    for i, (source, offset, kind) in enumerate(letters):
+        headers = dead_letter_headers(BadRecord(source, 0, offset, "why", kind), 1_700_000_000_000, HEADERS)
+        producer.produce(dlq, key=f"k{i}".encode(), value=f"v{i}".encode(), headers=headers, partition=i % 2)
+    producer.flush(10)
+    env = {"SINK_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "SINK_GROUP_ID": "svc"}
+
+    def run(*args: str) -> str:
+        assert dead_letters.main(["replay", "--from", dlq, *args], env) == 0
+        return capsys.readouterr().out
+
+    dry = run("--dry-run", "--reason", "missing_key")
+    assert f"would replay 2 record(s) to topic={orders} reason=missing_key" in dry
+    assert end_offset(bootstrap, orders) == 0, "a dry run produces nothing"
+    assert "replayed 3 record(s)" in run("--reason", "missing_key")
+    assert "replayed 0 record(s)" in run("--reason", "missing_key"), "a second run re-sends nothing"
+    assert "replayed 1 record(s)" in run("--reason", "invalid_json"), "another filter keeps its own position"
+    back = dead_letter_records(bootstrap, orders)
+    assert sorted((m.key(), m.value()) for m in back) == [(b"k0", b"v0"), (b"k1", b"v1"), (b"k3", b"v3")]
+    assert all(m.headers() == HEADERS for m in back), "the sink.* headers are dropped, the rest kept"
+    assert [(m.key(), m.headers()) for m in dead_letter_records(bootstrap, users)] == [(b"k2", HEADERS)]
+
+
+def test_replay_needs_a_bootstrap_and_an_existing_topic(bootstrap, capsys):
+    assert dead_letters.main(["replay", "--from", "x"], {}) == 2
+    assert dead_letters.main(["replay", "--from", "no-such-dlq"], {"SINK_KAFKA_BOOTSTRAP_SERVERS": bootstrap}) == 1
+    assert "dead-letter topic no-such-dlq not found" in capsys.readouterr().err
+
+
+def end_offset(bootstrap: str, topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "dlq-ends"})
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+    finally:
+        consumer.close()
