@@ -5,15 +5,21 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
+# Only light imports before `main` has taken over the stop signals: the rest are imported in it.
 from sink_service import __version__
-from sink_service.config import ConfigError, SinkConfig, declared_fields, is_secret_kafka_option, load_config
-from sink_service.logs import configure
+from sink_service.stop_signals import StopLatch
+
+if TYPE_CHECKING:
+    from sink_service.config import SinkConfig
 
 log = logging.getLogger("sink_service")
 
 
 def _secrets(config: SinkConfig) -> list[str]:
+    from sink_service.config import declared_fields, is_secret_kafka_option
+
     values = [getattr(config, f.name) for f in declared_fields() if f.metadata["secret"]]
     values += [v for k, v in config.kafka_options.items() if is_secret_kafka_option(k)]
     return [v for v in values if v]
@@ -35,6 +41,10 @@ def _versions() -> dict[str, str]:
 
 
 def main() -> int:
+    early_stop = StopLatch()
+    from sink_service.config import ConfigError, load_config
+    from sink_service.logs import configure
+
     try:
         config = load_config(os.environ)
     except ConfigError as exc:
@@ -47,7 +57,7 @@ def main() -> int:
     log.info("configuration %s", config.masked(), extra={"fields": {"event": "config", "config": config.masked()}})
     from sink_service.service import SinkService
 
-    return SinkService(config, versions).run()
+    return SinkService(config, versions).run(early_stop)
 
 
 if __name__ == "__main__":

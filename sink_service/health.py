@@ -10,6 +10,7 @@ Prometheus exposition; executors POST their upload signals to the same server.
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -98,7 +99,7 @@ class HealthServer:
                  signals: tuple[str, SignalReceiver] | None = None):
         self._server = ThreadingHTTPServer(("0.0.0.0", port), _handler(health, metrics, signals))
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="health-http", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="health-http", daemon=True)
 
     @property
     def port(self) -> int:
@@ -106,6 +107,11 @@ class HealthServer:
 
     def start(self) -> None:
         self._thread.start()
+
+    def _serve(self) -> None:
+        # Stop signals are the main thread's (see `pipeline.start_spark`); the request threads inherit this.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        self._server.serve_forever()
 
     def stop(self) -> None:
         self._server.shutdown()

@@ -101,12 +101,18 @@ def start_spark(config: SinkConfig, extra_java_options: Sequence[str] = ()) -> S
         if config.spark_auth_secret:
             builder = builder.config("spark.authenticate.secret", config.spark_auth_secret)
     # The JVM inherits an ignored SIGTERM and then keeps ignoring it, so a SIGTERM sent to the
-    # whole process group cannot kill it before the service has drained and committed.
+    # whole process group cannot kill it before the service has drained and committed. Blocked
+    # meanwhile, a SIGTERM for this process is held instead of ignored (Linux never discards a
+    # blocked signal) and reaches the service's handler once restored: a stop requested while Spark
+    # starts is not lost. No other thread of this process may take it: they block it too (the
+    # health server's) or are librdkafka's, which block all signals.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         spark = builder.getOrCreate()
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     spark.sparkContext.setLogLevel(config.spark_log_level)
     spark.dataSource.register(KafkaRangeDataSource)
     return spark

@@ -25,6 +25,7 @@ from sink_service.kafka_source.offsets import OffsetGapError
 from sink_service.metrics import SinkMetrics
 from sink_service.pipeline import Pipeline, start_spark
 from sink_service.scratch import ScratchBusy, claim_scratch
+from sink_service.stop_signals import StopLatch
 from sink_service.upload_signals import SIGNAL_PATH, LiveUploads
 
 log = logging.getLogger("sink_service")
@@ -54,9 +55,11 @@ class SinkService:
         if self._pipeline is not None:
             self._pipeline.stopping.set()
 
-    def run(self) -> int:
+    def run(self, early_stop: StopLatch | None = None) -> int:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
+        if early_stop is not None and early_stop.signum is not None:
+            self.request_stop(early_stop.signum)
         try:
             scratch = claim_scratch(Path(self.config.scratch_dir))
         except ScratchBusy as exc:

@@ -140,3 +140,17 @@ def test_an_outage_shows_within_seconds_and_so_does_recovery(bootstrap, unique, 
         assert shown_after < 15 and recovered_after < 15, (shown_after, recovered_after)
     finally:
         endpoint.stop()
+
+
+@pytest.mark.parametrize("moment", ["first log line", "Spark starting"])
+def test_sigterm_while_starting_is_a_clean_stop(bootstrap, unique, service_env, services, moment):
+    # An orchestrator may stop a pod that has only just started (a rollout, a rescheduled node).
+    # The service must take that as an orderly stop at any moment, not die of the signal.
+    topic, group = unique("early-stop"), unique("group")
+    create_topics(bootstrap, {topic: 1})
+    service = services(service_env(topic, group))
+    marker = "starting kafka-parquet-sink" if moment == "first log line" else "HTTP endpoints on port"
+    wait_until(lambda: marker in service.output(), 60, moment, interval_s=0.01, process=service)
+    code = service.terminate()
+    assert code == 0, f"exit {code} after SIGTERM at {moment!r}\n" + service.output()[-3000:]
+    assert "stop requested (SIGTERM)" in service.output()
