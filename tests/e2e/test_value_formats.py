@@ -1,0 +1,117 @@
+"""Value formats end to end: records produced with confluent-kafka's own serializers against
+local_registry, the service decoding them by schema id, and local_ems's table compared with
+what was produced."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+
+import pyarrow.parquet as pq
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from devkit.kafka_data import create_topics
+from devkit.service_process import wait_until
+from local_registry import LocalRegistry
+from tests.e2e.checks import all_committed
+
+pytestmark = pytest.mark.e2e
+
+COMMIT_BOUND_S = 60
+AUTH = "sink:registry-pass-0815"
+ORDER_V1 = {
+    "type": "record", "name": "Order", "namespace": "shop", "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "note", "type": ["null", "string"], "default": None},
+        {"name": "customer", "type": {"type": "record", "name": "Customer", "fields": [
+            {"name": "name", "type": "string"}, {"name": "vip", "type": "boolean"}]}},
+        {"name": "tags", "type": {"type": "array", "items": "string"}},
+    ],
+}
+ORDER_V2 = {**ORDER_V1, "fields": [*ORDER_V1["fields"], {"name": "coupon", "type": ["null", "string"],
+                                                         "default": None}]}
+ORDER_KEY = {"type": "record", "name": "OrderKey", "namespace": "shop", "fields": [{"name": "id", "type": "long"}]}
+
+
+@pytest.fixture(scope="module")
+def registry():
+    server = LocalRegistry(basic_auth=AUTH).start()
+    yield server
+    server.stop()
+
+
+def _order(i: int, version: int) -> dict:
+    record = {"id": i, "amount": decimal.Decimal(i) + decimal.Decimal("0.25"),
+              "at": dt.datetime(2024, 5, 1, 12, 0, 0, i * 1000, dt.UTC), "day": dt.date(2024, 5, 1 + i % 28),
+              "note": None if i % 3 else f"note {i}", "customer": {"name": f"c{i}", "vip": i % 2 == 0},
+              "tags": [f"t{i}"] * (i % 3)}
+    return record | ({"coupon": f"C{i}" if i % 2 else None} if version == 2 else {})
+
+
+def _produce_avro(bootstrap: str, registry: LocalRegistry, topic: str, orders: list[tuple[int, int]]) -> None:
+    """(id, schema version) per record, keys {"id"} in Avro too, into partition 0 in order."""
+    client = SchemaRegistryClient({"url": registry.url, "basic.auth.user.info": AUTH})
+    values = {1: AvroSerializer(client, json.dumps(ORDER_V1)), 2: AvroSerializer(client, json.dumps(ORDER_V2))}
+    keys = AvroSerializer(client, json.dumps(ORDER_KEY))
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    for i, version in orders:
+        producer.produce(topic, partition=0, key=keys({"id": i}, SerializationContext(topic, MessageField.KEY)),
+                         value=values[version](_order(i, version), SerializationContext(topic, MessageField.VALUE)))
+    producer.flush(30)
+
+
+def _expected_row(offset: int, i: int, version: int) -> dict:
+    """The row local_ems holds: decimals as their digits, timestamps as ISO text in milliseconds."""
+    order = _order(i, version)
+    return {"_offset": offset, "key_id": i, "id": i, "amount": str(order["amount"]),
+            "at": order["at"].isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "day": order["day"].isoformat(), "note": order["note"], "customer_name": f"c{i}",
+            "customer_vip": i % 2 == 0, "tags": json.dumps(order["tags"], separators=(",", ":")),
+            "coupon": order.get("coupon")}
+
+
+def test_avro_values_and_keys_through_a_schema_change_and_a_registry_outage(
+        bootstrap, ems, registry, unique, service_env, services):
+    """Version 1, then version 2 with an added optional field, then version 1 again; Avro keys are the
+    primary keys. The registry answers 503 at first: the service is not ready and commits nothing, and
+    once the registry is back every record arrives exactly as produced."""
+    topic, group = unique("avro"), unique("group")
+    create_topics(bootstrap, {topic: 1})
+    orders = [(i, 1) for i in range(30)] + [(i, 2) for i in range(30, 60)] + [(i, 1) for i in range(60, 70)]
+    _produce_avro(bootstrap, registry, topic, orders)
+    registry.fail_with = 503
+    env = service_env(topic, group, SINK_VALUE_FORMAT="avro", SINK_KEY_FORMAT="avro", SINK_PRIMARY_KEYS="",
+                      SINK_KEY_FIELDS_PREFIX="key_", SINK_SCHEMA_REGISTRY_URL=registry.url,
+                      SINK_SCHEMA_REGISTRY_BASIC_AUTH=AUTH, SINK_FLUSH_RECORDS=25, SINK_METADATA_COLUMNS="none")
+    service = services(env)
+    port = int(env["SINK_HTTP_PORT"])
+
+    def not_ready_for_the_registry() -> bool:
+        answer = service.readiness(port)
+        return answer is not None and answer[0] == 503 and "answered 503 for schema id" in service.output()
+    wait_until(not_ready_for_the_registry, COMMIT_BOUND_S, "readiness false, naming the registry", process=service)
+    assert not ems.uploads(topic) and not all_committed(bootstrap, group, topic, 1)
+    registry.fail_with = None
+    wait_until(lambda: all_committed(bootstrap, group, topic, 1), COMMIT_BOUND_S, "all offsets committed",
+               process=service)
+    wait_until(lambda: service.readiness(port)[0] == 200, 20, "ready again", process=service)
+    assert service.terminate() == 0
+
+    rows = sorted(ems.table(topic), key=lambda row: row["key_id"])
+    assert rows == [_expected_row(offset, i, version) for offset, (i, version) in enumerate(orders)]
+    assert {upload["params"]["primaryKeys"] for upload in ems.uploads(topic)} == {"key_id"}
+    schema = pq.read_schema(ems.uploads(topic)[0]["path"])
+    assert str(schema.field("amount").type) == "decimal128(10, 2)"
+    assert str(schema.field("at").type) == "timestamp[ms, tz=UTC]"
+    assert str(schema.field("day").type) == "date32[day]"
+    log = service.output()
+    assert AUTH.split(":")[1] not in log
+    assert "bad record" not in log
