@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
@@ -99,3 +100,44 @@ def running_broker(kind: str | None = None) -> Iterator[str]:
         _stop_group(process)
         log.close()
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@dataclass
+class OwnBroker:
+    """A noida-db broker of one test, restartable on the same port and data directory, pausable.
+
+    Tests that fault the broker use one of these, so the session broker other tests share is left alone.
+    """
+
+    data_dir: Path
+    port: int
+    process: subprocess.Popen | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        with open(self.data_dir / "broker.log", "ab") as log:
+            # Own process group: the launcher starts the server as a child, which is paused and
+            # stopped with it.
+            self.process = subprocess.Popen(
+                [_bin("noida-db"), "start", "--only", "kafka", "--host", "127.0.0.1",
+                 "--kafka-port", str(self.port), "--data-dir", str(self.data_dir)],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_for_broker(self.bootstrap)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            _stop_group(self.process)
+            self.process = None
+
+    def signal(self, sig: signal.Signals) -> None:
+        os.killpg(self.process.pid, sig)
+
+    def pause_for(self, seconds: float) -> None:
+        self.signal(signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            self.signal(signal.SIGCONT)

@@ -9,18 +9,14 @@ the table check.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from devkit.brokers import _bin, _stop_group, free_port, wait_for_broker
+from devkit.brokers import OwnBroker
 from devkit.kafka_data import Workload, committed_offsets, create_topics, end_offsets, produce_orders
 from devkit.service_process import ServiceProcess, wait_until
 from local_ems.server import LocalEmsServer
@@ -30,50 +26,6 @@ pytestmark = pytest.mark.e2e
 
 PARTITIONS = 3
 BROKER_CHECK_S = 5.0  # the service asks the broker for offsets this often (OFFSET_MONITOR_INTERVAL_S)
-
-
-@dataclass
-class OwnBroker:
-    """A noida-db broker of one test, restartable on the same port and data directory."""
-
-    data_dir: Path
-    port: int
-    process: subprocess.Popen | None = None
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        with open(self.data_dir / "broker.log", "ab") as log:
-            # Own process group: the launcher starts the server as a child, which is paused and
-            # stopped with it.
-            self.process = subprocess.Popen(
-                [_bin("noida-db"), "start", "--only", "kafka", "--host", "127.0.0.1",
-                 "--kafka-port", str(self.port), "--data-dir", str(self.data_dir)],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for_broker(self.bootstrap)
-
-    def stop(self) -> None:
-        if self.process is not None:
-            _stop_group(self.process)
-            self.process = None
-
-    def signal(self, sig: signal.Signals) -> None:
-        os.killpg(self.process.pid, sig)
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
-    broker = OwnBroker(tmp_path / "broker", free_port())
-    broker.data_dir.mkdir()
-    broker.start()
-    try:
-        yield broker
-    finally:
-        if broker.process is not None:
-            broker.signal(signal.SIGCONT)  # a paused process cannot act on SIGTERM
-        broker.stop()
 
 
 @dataclass
@@ -155,12 +107,7 @@ def _assert_recovered(run: Run, not_ready: list[dict]) -> None:
 def test_broker_paused_for_15s_then_resumed(own_broker, started):
     run = started()
 
-    def pause() -> None:
-        own_broker.signal(signal.SIGSTOP)
-        time.sleep(15)
-        own_broker.signal(signal.SIGCONT)
-
-    _assert_recovered(run, _outage_readiness(run, pause))
+    _assert_recovered(run, _outage_readiness(run, lambda: own_broker.pause_for(15)))
 
 
 def _restart(broker: OwnBroker, down_s: float) -> Callable[[], None]:

@@ -1,4 +1,5 @@
-"""Crash chaos: ten `kill -9` at random moments while records flow and the endpoint misbehaves.
+"""Crash chaos: twelve `kill -9` at random moments while records flow, the endpoint misbehaves and the
+broker pauses once.
 
 After every kill, no partition may be committed past what reached the endpoint without a gap.
 The endpoint is the last-upload-wins kind, reached through a proxy that can reset connections,
@@ -7,6 +8,7 @@ so an out-of-order or lost upload leaves a wrong row behind and fails the final 
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -29,7 +31,8 @@ from tests.e2e.checks import (
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 
 PARTITIONS = 4
-KILLS = 10
+KILLS = 12
+BROKER_PAUSE_AT, BROKER_PAUSE_S = 6, 8  # before this kill, the broker is paused (SIGSTOP) instead
 BURSTS, KEYS, VERSIONS = 20, 500, 10  # 100k records, produced in bursts while the service is killed
 
 
@@ -46,15 +49,18 @@ def _delivered_prefix(ems, topic: str) -> dict[int, int]:
     return prefix
 
 
-def test_ten_kills_with_endpoint_faults_lose_nothing(bootstrap, ems_last_upload, unique, service_env, services):
+def test_twelve_kills_with_endpoint_and_broker_faults_lose_nothing(own_broker, ems_last_upload, unique, service_env,
+                                                                   services):
     ems = ems_last_upload
-    rng = random.Random(20261123)
+    bootstrap = own_broker.bootstrap
+    rng = random.Random(int(os.environ.get("CHAOS_SEED", "20261123")))
     topic, group = unique("chaos"), unique("group")
     create_topics(bootstrap, {topic: PARTITIONS})
     proxy = ChaosProxy(urlsplit(ems.url).port)
     endpoint = proxy.url(urlsplit(ems.items_url()).path)
-    env = service_env(topic, group, SINK_EMS_ENDPOINT=endpoint, SINK_FLUSH_RECORDS=2000, SINK_MAX_FILES_PER_BATCH=4,
-                      SINK_FLUSH_INTERVAL_MS=1000, SINK_UPLOAD_RETRY_BUDGET_MS=4000, SINK_RESTART_BACKOFF_MAX_MS=2000)
+    env = service_env(topic, group, SINK_KAFKA_BOOTSTRAP_SERVERS=bootstrap, SINK_EMS_ENDPOINT=endpoint,
+                      SINK_FLUSH_RECORDS=2000, SINK_MAX_FILES_PER_BATCH=4, SINK_FLUSH_INTERVAL_MS=1000,
+                      SINK_UPLOAD_RETRY_BUDGET_MS=4000, SINK_RESTART_BACKOFF_MAX_MS=2000)
     workload = Workload()
 
     def produce() -> None:
@@ -65,7 +71,7 @@ def test_ten_kills_with_endpoint_faults_lose_nothing(bootstrap, ems_last_upload,
 
     producing = threading.Thread(target=produce)
     producing.start()
-    # Each fault kind in turn (503s, slow replies, connection resets), at a random moment.
+    # Each fault kind in turn (503s, slow replies, connection resets), at a random moment; once, a broker pause.
     faults = [lambda: ems.inject_fault(503, count=rng.randint(1, 4)),
               lambda: ems.inject_fault(delay_ms=1500, seconds=4),
               lambda: proxy.reset_for(3)]
@@ -73,19 +79,23 @@ def test_ten_kills_with_endpoint_faults_lose_nothing(bootstrap, ems_last_upload,
         for kill in range(KILLS):
             service = services(env)
             time.sleep(rng.uniform(4, 9))
-            faults[kill % len(faults)]()
+            fault = (lambda: own_broker.pause_for(BROKER_PAUSE_S)) if kill == BROKER_PAUSE_AT else \
+                faults[kill % len(faults)]
+            fault()
             time.sleep(rng.uniform(0.5, 3))
             service.kill9()
             ems.clear_faults()
             committed = committed_offsets(bootstrap, group, topic, PARTITIONS)
             prefix = _delivered_prefix(ems, topic)
             ahead = {p: (o, prefix.get(p, 0)) for p, o in committed.items() if o > prefix.get(p, 0)}
-            assert not ahead, f"kill {kill + 1}: committed past the delivered prefix: {ahead}"
+            assert not ahead, (f"kill {kill + 1}: committed past the delivered prefix: {ahead}\n"
+                               + service.output()[-3000:])
         producing.join()
         service = services(env)
         wait_until(lambda: table_matches(ems, topic, workload), 240, "convergence after the kills", process=service)
         wait_until(lambda: all_committed(bootstrap, group, topic, PARTITIONS), 60, "final commits", process=service)
-        assert service.terminate() == 0
+        code = service.terminate()
+        assert code == 0, f"exit {code}\n" + service.output()[-3000:]
     finally:
         producing.join()
         proxy.stop()
@@ -95,4 +105,5 @@ def test_ten_kills_with_endpoint_faults_lose_nothing(bootstrap, ems_last_upload,
     assert_ranges_cover(ems, topic, ends, allow_replays=True)
     assert proxy.resets > 0, "the connection-reset fault never hit a connection"
     overhead = duplicate_overhead(ems, topic, ends)
+    print(f"chaos: {KILLS} kills, {sum(ends.values())} records, 0 lost, duplicate overhead {overhead:.3f}")
     assert overhead < 2.0, f"{overhead:.3f} offsets uploaded per offset"
