@@ -121,7 +121,7 @@ class DeadLetters:
     acknowledged: Counter = field(default_factory=Counter)  # kind -> dead letters acknowledged
     _sent: set[int] = field(default_factory=set)  # offsets produced in this range (a rewind reads them again)
     _unacknowledged: dict[int, str] = field(default_factory=dict)  # offset -> kind
-    _failures: list[str] = field(default_factory=list)
+    _failures: dict[int, str] = field(default_factory=dict)  # offset -> why it was not acknowledged
 
     def send(self, raw: pa.RecordBatch, bad: Sequence[BadRecord]) -> None:
         """Produce each bad record of `raw` (a batch of `RAW_SCHEMA`) not yet produced by this range."""
@@ -142,7 +142,7 @@ class DeadLetters:
         def delivered(error: KafkaError | None, _message: Message) -> None:
             kind = self._unacknowledged.pop(record.offset, None)
             if error is not None:
-                self._failures.append(f"{record.describe()}: {error.str()}")
+                self._failures[record.offset] = f"{record.describe()}: {error.str()}"
             elif kind is not None:
                 self.acknowledged[kind] += 1
 
@@ -155,22 +155,23 @@ class DeadLetters:
             except BufferError:  # the queue is full: wait for acknowledgements to make room
                 if producer.flush(DELIVERY_TIMEOUT_MS / 1000 + _FLUSH_MARGIN_S) > 0:
                     break
-        self._failures.append(f"{record.describe()}: the producer's queue stayed full")
+        self._failures[record.offset] = f"{record.describe()}: the producer's queue stayed full"
 
-    def settle(self) -> None:
-        """Wait until every dead letter produced so far is acknowledged; raise if one is not."""
+    def settle(self, below: int) -> None:
+        """Wait for the acknowledgements; raise if a dead letter with an offset below `below` (the
+        next committable offset) is not acknowledged. Later ones are judged when that moves past them."""
         if not self._sent:
             return
-        producer = _producer(self.spec)
-        left = producer.flush(DELIVERY_TIMEOUT_MS / 1000 + _FLUSH_MARGIN_S)
-        if left and not self._failures:
-            self._failures.append(f"{left} dead letter(s) not acknowledged in time")
-        if self._failures:
-            failures, self._failures = self._failures, []
+        _producer(self.spec).flush(DELIVERY_TIMEOUT_MS / 1000 + _FLUSH_MARGIN_S)
+        for offset in self._unacknowledged:  # left after the flush: timed out
+            self._failures.setdefault(offset, f"offset={offset}: not acknowledged within {DELIVERY_TIMEOUT_MS} ms")
+        blocking = sorted(offset for offset in self._failures if offset < below)
+        if blocking:
+            first = self._failures[blocking[0]]
+            self._failures.clear()
             _discard_producer(self.spec)
             raise DeadLetterError(
-                f"the dead-letter topic {self.spec.topic} did not take {len(failures)} bad record(s), "
-                f"first {failures[0]}")
+                f"the dead-letter topic {self.spec.topic} did not take {len(blocking)} bad record(s), first {first}")
 
 
 # --- replay: dead letters back to their source topic ---------------------------------------------

@@ -202,7 +202,7 @@ class _RangeProcessor:
                 receipt.details.get("status"), receipt.location)
         else:
             o.records_uploaded += closed.record_count
-        self._settle_dead_letters()
+        self._settle_dead_letters(closed.last_offset + 1)
         o.committable = closed.last_offset + 1
         self._bad_at_commit = (o.bad_records, Counter(o.bad_reasons), list(o.bad_samples))
         o.files.append({
@@ -223,12 +223,12 @@ class _RangeProcessor:
         file, started_at = self._uploading
         self._signals.send("retry", file, reason=error.reason, error=str(error), started_at=started_at)
 
-    def _settle_dead_letters(self) -> None:
-        """Before the committable offset moves: every dead letter so far must be acknowledged."""
+    def _settle_dead_letters(self, committable: int) -> None:
+        """Before the committable offset moves: every dead letter below it must be acknowledged."""
         if self._dead_letters is None:
             return
         try:
-            self._dead_letters.settle()
+            self._dead_letters.settle(committable)
         except DeadLetterError as exc:
             self.outcome.error_kind = ERROR_DEAD_LETTER
             self._stop(STATUS_RETRYABLE, f"{exc}; nothing from offset {self.outcome.committable} on is committed "
@@ -300,7 +300,7 @@ class _RangeProcessor:
 
     def finish(self) -> None:
         self.writer.finish()
-        self._settle_dead_letters()
+        self._settle_dead_letters(self.outcome.range_end)
         self.outcome.committable = self.outcome.range_end
 
 

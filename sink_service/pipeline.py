@@ -132,6 +132,7 @@ class Pipeline:
         self.stopping = threading.Event()
         self.batch_running = threading.Event()
         self.fatal_error: str | None = None
+        self.failure = ""  # why the last micro-batch of this query failed, for readiness
         self._commits: ContiguousCommits | None = None
         self._started_once = False
         self._repeated = RepeatedFailures(config.max_identical_failures)
@@ -185,6 +186,7 @@ class Pipeline:
         self._commits = ContiguousCommits(positions)
         log.info("starting query at %s", {f"{t}:{p}": o for (t, p), o in sorted(positions.items())})
         self.live_uploads.clear()  # tasks of an earlier query are gone, whatever they last said
+        self.failure = ""
         checkpoint = Path(c.scratch_dir) / "checkpoints" / uuid.uuid4().hex
         shutil.rmtree(checkpoint.parent, ignore_errors=True)
         options = SourceOptions(
@@ -279,8 +281,8 @@ class Pipeline:
         if failed or gaps:
             reasons = [f"{r.topic}:{r.partition} [{r.range_start},{r.range_end}): {r.error}" for r in failed]
             repeats = [s.describe() for s in self._repeated.streaks.values() if s.times > 1]
-            self.health.update(last_batch_ok=False,
-                               reason=f"batch {batch_id} failed: {repeats or reasons or gaps}")
+            self.failure = f"batch {batch_id} failed: {repeats or reasons or gaps}"
+            self.health.update(last_batch_ok=False, reason=self.failure)
             raise BatchIncomplete("; ".join(reasons + gaps))
         self.health.update(last_batch_ok=True, reason="")
 

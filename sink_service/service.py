@@ -133,7 +133,9 @@ class SinkService:
                 log.error("stopping: %s", pipeline.fatal_error)
                 return EXIT_FATAL
             error = query.exception()
-            self.health.update(last_batch_ok=False, reason=f"micro-batch failed: {_first_line(error)}")
+            # The pipeline's own account (which range, why) beats Spark's wrapped exception.
+            self.health.update(last_batch_ok=False,
+                               reason=pipeline.failure or f"micro-batch failed: {_first_line(error)}")
             log.error("micro-batch failed; replaying from the committed offsets in %.0fs: %s",
                       backoff_s, _summary(error))
             backoff_s = self._backoff(backoff_s)

@@ -112,9 +112,11 @@ def test_bad_records_reach_the_dead_letter_topic_unchanged_before_the_range_is_c
         assert dict(m.headers())["sink.error.kind"] == (b"invalid_json" if offset % 2 else b"missing_key")
 
 
-def test_a_dead_letter_topic_that_refuses_holds_the_range_before_the_bad_record(bootstrap, tmp_path):
+@pytest.mark.parametrize("read_batch", [50, 300], ids=["bad-record-read-later", "one-read-for-all"])
+def test_a_dead_letter_topic_that_refuses_holds_the_range_before_the_bad_record(bootstrap, tmp_path, read_batch):
+    """Only dead letters below the next committable offset hold it: the file before one is done."""
     outcome = process_range(spec(tmp_path, bootstrap, INVALID_TOPIC), Range("src", 3, 0, 300),
-                            reader(300, {150})).to_pylist()[0]
+                            reader(300, {150}, read_batch)).to_pylist()[0]
     assert outcome["status"] == "retryable"
     assert outcome["error_kind"] == ERROR_DEAD_LETTER
     assert outcome["committable"] == 100, "the file before the bad record's is done; nothing past it"
