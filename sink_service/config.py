@@ -23,8 +23,9 @@ from sink_service.ddl import DdlError, parse_ddl
 from uploader.masking import mask_userinfo
 
 MASK = "*****"
-STRUCTURED_KEY_FORMATS = ("json", "avro")  # keys whose fields become columns (decode/keys.py)
-REGISTRY_FORMATS = ("avro",)  # formats whose schemas come from SINK_SCHEMA_REGISTRY_URL
+S3_URL_SCHEME = "s3://"
+STRUCTURED_KEY_FORMATS = ("json", "avro", "protobuf")  # keys whose fields become columns (decode/keys.py)
+REGISTRY_FORMATS = ("avro", "protobuf")  # formats whose schemas come from SINK_SCHEMA_REGISTRY_URL
 KAFKA_PASSTHROUGH_PREFIX = "SINK_KAFKA_"
 # SINK_* names that are not settings: the test harness's broker choice (devkit/brokers.py). A
 # developer's shell may export them while it also runs the service or `python -m uploader`.
@@ -135,13 +136,13 @@ class SinkConfig:
         "(`_key` holds its bytes) or `json` (a JSON object whose fields become columns, `_key` holding its "
         "text; a key that is not an object is a bad record). A key field and a value field with the same "
         "name share one column, and the value wins: the key's is used only where the value lacks the field. "
-        "`avro`: framed for the schema registry like `SINK_VALUE_FORMAT=avro` values; its fields become columns as "
-        "a JSON key's do, and `_key` holds its bytes.",
-        "string", choices=("string", "json", "raw", "avro"), group="Records")
+        "`avro`, `protobuf`: framed for the schema registry like such values (`SINK_VALUE_FORMAT`); its fields "
+        "become columns as a JSON key's do, and `_key` holds its bytes.",
+        "string", choices=("string", "json", "raw", "avro", "protobuf"), group="Records")
     key_fields_prefix: str = setting(
         "SINK_KEY_FIELDS_PREFIX", "Put before the name of each JSON key field, e.g. `key_`, so key and "
         "value fields cannot share a name. Only with a key whose fields become columns (`SINK_KEY_FORMAT` "
-        "`json` or `avro`).", "", group="Records")
+        "`json`, `avro` or `protobuf`).", "", group="Records")
     tombstones: str = setting(
         "SINK_TOMBSTONES", "Records with a null value (deletes): `skip` leaves them out, counted and logged "
         "as bad records of kind `tombstone`, never stopping the service; `fail` makes them bad records under "
@@ -159,14 +160,14 @@ class SinkConfig:
         "DOUBLE`. Fields not declared are not written. When absent the schema is inferred and no "
         "field is dropped.", group="Records")
     value_format: str = setting(
-        "SINK_VALUE_FORMAT", "How the Kafka value is read: `json` (an object per value), or `avro` in the "
-        "schema registry's wire format (magic byte 0, 4-byte schema id), decoded with the writer's schema "
+        "SINK_VALUE_FORMAT", "How the Kafka value is read: `json` (an object per value), or `avro` or `protobuf` "
+        "in the schema registry's wire format (magic byte 0, 4-byte schema id), decoded with the writer's schema "
         "fetched from `SINK_SCHEMA_REGISTRY_URL` (see \"Value formats\").", "json",
-        choices=("json", "avro"), group="Records")
+        choices=("json", "avro", "protobuf"), group="Records")
     schema_registry_url: str | None = setting(
         "SINK_SCHEMA_REGISTRY_URL", "Confluent-compatible schema registry, e.g. `https://registry:8081`; "
-        "required with the `avro` value or key format. Schemas are fetched by id and cached; a registry "
-        "that does not answer is an outage (retried, readiness false), never a bad record.", group="Records")
+        "required with the `avro` and `protobuf` value or key formats. Schemas are fetched by id and cached; a "
+        "registry that does not answer is an outage (retried, readiness false), never a bad record.", group="Records")
     schema_registry_basic_auth: str | None = setting(
         "SINK_SCHEMA_REGISTRY_BASIC_AUTH", "`user:password` for the schema registry's HTTP basic auth.",
         secret=True, group="Records")
@@ -297,11 +298,12 @@ class SinkConfig:
         "ERROR and continues. 401/403/404 are configuration problems and stop the service either way.",
         "fail", choices=("fail", "park"), group="Target")
     parked_path: str | None = setting(
-        "SINK_PARKED_PATH", "Directory rejected files are parked in when `SINK_REJECTED_FILE_POLICY=park` "
-        "(required then; `s3://` URLs are not supported yet): `<path>/<topic>/<partition>/<first>-<last>"
-        ".parquet` plus `<same>.response.json` with the endpoint's status, body and the file's metadata, "
-        "both written atomically. Re-push one with `python -m uploader push <file>`. On a cluster every "
-        "executor must see the same directory.", group="Target")
+        "SINK_PARKED_PATH", "Where rejected files are parked when `SINK_REJECTED_FILE_POLICY=park` (required "
+        "then): a directory, or `s3://<bucket>/<prefix>` reached with `SINK_S3_ENDPOINT_URL`, `SINK_S3_REGION`, "
+        "`SINK_TLS_CA_BUNDLE` and boto3's credentials, whatever `SINK_TARGET` is. `<path>/<topic>/<partition>/"
+        "<first>-<last>.parquet` plus `<same>.response.json` with the endpoint's status, body and the file's "
+        "metadata, both written atomically. Re-push one with `python -m uploader push <file or s3:// URL>`. "
+        "On a cluster every executor must see the same directory.", group="Target")
     tls_ca_bundle: str | None = setting(
         "SINK_TLS_CA_BUNDLE", "PEM file of the CA certificates that upload TLS connections (EMS, its "
         "proxy, S3) are verified against, for endpoints with a private or self-signed CA. It replaces "
@@ -522,9 +524,14 @@ def _check_parking(c: SinkConfig) -> list[str]:
         return []
     if not c.parked_path:
         return ["SINK_PARKED_PATH is required when SINK_REJECTED_FILE_POLICY=park."]
+    if c.parked_path.startswith(S3_URL_SCHEME):
+        bucket = c.parked_path[len(S3_URL_SCHEME):].partition("/")[0]
+        if not bucket:
+            return [f"SINK_PARKED_PATH={c.parked_path} names no bucket; use `s3://<bucket>/<prefix>`."]
+        return _check_s3_endpoint(c) if c.target != "s3" else []  # the S3 target's check covers it
     if "://" in c.parked_path:
-        return [f"SINK_PARKED_PATH must be a directory; URLs ({c.parked_path.split('://')[0]}://) are "
-                "not supported yet: mount the bucket or use a local directory."]
+        return [f"SINK_PARKED_PATH must be a directory or an `s3://<bucket>/<prefix>` URL, not "
+                f"{c.parked_path.split('://')[0]}://."]
     return []
 
 
@@ -564,6 +571,11 @@ def _check_s3(c: SinkConfig) -> list[str]:
     elif "/" in c.s3_bucket or c.s3_bucket.startswith("s3:"):
         problems.append(f"SINK_S3_BUCKET must be a bare bucket name, got {c.s3_bucket!r}; put a key "
                         "prefix in SINK_S3_PREFIX.")
+    return problems + _check_s3_endpoint(c)
+
+
+def _check_s3_endpoint(c: SinkConfig) -> list[str]:
+    problems = []
     if c.s3_endpoint_url:
         url = urlsplit(c.s3_endpoint_url)
         if url.scheme not in ("https", "http") or not url.hostname:
@@ -735,7 +747,7 @@ def _check_formats(c: SinkConfig) -> list[str]:
         problems.append(f"SINK_SCHEMA_REGISTRY_URL is required with {' and '.join(registry_formats)}.")
     if not registry_formats and (c.schema_registry_url or c.schema_registry_basic_auth):
         problems.append("SINK_SCHEMA_REGISTRY_URL/SINK_SCHEMA_REGISTRY_BASIC_AUTH are set, but no format reads "
-                        "from a registry: set SINK_VALUE_FORMAT or SINK_KEY_FORMAT to avro.")
+                        "from a registry: set SINK_VALUE_FORMAT or SINK_KEY_FORMAT to avro or protobuf.")
     if c.schema_registry_url and urlsplit(c.schema_registry_url).scheme not in ("http", "https"):
         problems.append(f"SINK_SCHEMA_REGISTRY_URL must be an http(s):// URL, got "
                         f"{mask_userinfo(c.schema_registry_url, MASK)!r}.")

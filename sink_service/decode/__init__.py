@@ -7,6 +7,7 @@
     json_values.py      JSON object values to typed rows, chunk-wise (json_paths.py: the slow path's
                         JSON trees; declared_schema.py: SINK_VALUE_SCHEMA)
     avro_values.py      SINK_VALUE_FORMAT=avro: Avro values (fastavro) under a schema-derived Arrow schema
+    protobuf_values.py  SINK_VALUE_FORMAT=protobuf: Protobuf values (the protobuf runtime), likewise
     registry.py         the Confluent wire format, and schemas by id from SINK_SCHEMA_REGISTRY_URL,
                         cached per worker; a registry that does not answer is an outage
     metadata.py         Kafka metadata as `_` columns (headers.py: `_headers` as JSON)
@@ -51,6 +52,7 @@ from sink_service.decode.metadata import (
     written_metadata,
 )
 from sink_service.decode.obfuscate import obfuscate
+from sink_service.decode.protobuf_values import parse_protobuf
 from sink_service.decode.raw import RAW_SCHEMA
 from sink_service.decode.registry import RegistrySettings
 from sink_service.decode.required_fields import missing_fields
@@ -191,6 +193,8 @@ def _parser(value_format: str, spec: DecodeSpec) -> Callable[[pa.Array], ParsedV
     """The decoder of one format: binary values (no nulls) to rows."""
     if value_format == "avro":
         return partial(parse_avro, registry=spec.registry)
+    if value_format == "protobuf":
+        return partial(parse_protobuf, registry=spec.registry)
     return partial(parse_objects, value_schema=spec.value_schema)
 
 

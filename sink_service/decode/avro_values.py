@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import fastavro
@@ -37,7 +37,7 @@ import pyarrow as pa
 
 from sink_service.decode.column_types import json_text
 from sink_service.decode.json_values import ParsedValues
-from sink_service.decode.registry import Decoder, RegistrySettings, parse_framed
+from sink_service.decode.registry import Decoder, RegistryClient, RegistrySettings, parse_framed
 
 Fix = Callable[[Any], Any]  # turns what fastavro returns into what the Arrow type holds
 VALUE_COLUMN = "value"
@@ -58,7 +58,7 @@ def parse_avro(values: pa.Array, registry: RegistrySettings) -> ParsedValues:
     return parse_framed(values, registry, _avro_decoder, "invalid_avro")
 
 
-def _avro_decoder(answer: dict[str, Any]) -> AvroDecoder:
+def _avro_decoder(_client: RegistryClient, answer: dict[str, Any], _variant: Hashable) -> AvroDecoder:
     schema_type = answer.get("schemaType", "AVRO")
     if schema_type != "AVRO":
         raise ValueError(f"the registry holds a {schema_type} schema under this id, not an Avro one")

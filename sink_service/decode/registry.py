@@ -14,9 +14,10 @@ reports as a retryable outage, never as bad records.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 import pyarrow as pa
@@ -90,32 +91,40 @@ class RegistryClient:
         if settings.basic_auth:
             user, _, password = settings.basic_auth.partition(":")
             self.session.auth = (user, password)
-        self._schemas: dict[int, dict[str, Any]] = {}
+        self._schemas: dict[Hashable, dict[str, Any]] = {}
         self._lock = threading.Lock()
 
     def schema(self, schema_id: int) -> dict[str, Any]:
-        """The registry's answer for `schema_id`: `schema` (text) and `schemaType` (AVRO if absent)."""
-        found = self._schemas.get(schema_id)
+        """The registry's answer for `schema_id`: `schema` (text), `schemaType` (AVRO if absent), `references`."""
+        return self._cached(schema_id, f"schemas/ids/{schema_id}", f"schema id {schema_id}")
+
+    def version(self, subject: str, version: int) -> dict[str, Any]:
+        """A subject's version (what a schema's `references` name), in the same form as `schema`."""
+        return self._cached((subject, version), f"subjects/{quote(subject, safe='')}/versions/{version}",
+                            f"subject {subject} version {version}")
+
+    def _cached(self, key: Hashable, path: str, what: str) -> dict[str, Any]:
+        found = self._schemas.get(key)
         if found is None:
-            found = self._fetch(schema_id)
+            found = self._fetch(path, what)
             with self._lock:
-                self._schemas[schema_id] = found
+                self._schemas[key] = found
         return found
 
     @tenacity.retry(retry=tenacity.retry_if_exception(_transient), stop=tenacity.stop_after_attempt(_ATTEMPTS),
                     wait=tenacity.wait_exponential(multiplier=0.5, max=8), reraise=True)
-    def _fetch(self, schema_id: int) -> dict[str, Any]:
+    def _fetch(self, path: str, what: str) -> dict[str, Any]:
         # `format=serialized`: Protobuf schemas as a base64 FileDescriptorProto, which needs no .proto parser.
-        url = f"{self.base}/schemas/ids/{schema_id}"
+        url = f"{self.base}/{path}"
         try:
             response = self.session.get(url, params={"format": "serialized"}, timeout=_TIMEOUT_S)
         except requests.RequestException as exc:
             raise RegistryUnavailable(f"schema registry {self.base} unreachable: {type(exc).__name__}") from None
         if response.status_code == 404:
-            raise UnknownSchema(f"schema id {schema_id} is not in the schema registry")
+            raise UnknownSchema(f"{what} is not in the schema registry")
         if response.status_code != 200:
-            raise RegistryUnavailable(f"schema registry {self.base} answered {response.status_code} for schema id "
-                                      f"{schema_id}: {response.text[:200]}")
+            raise RegistryUnavailable(f"schema registry {self.base} answered {response.status_code} for {what}: "
+                                      f"{response.text[:200]}")
         return response.json()
 
 
@@ -139,14 +148,22 @@ class Decoder:
         raise NotImplementedError
 
 
+Build = Callable[["RegistryClient", dict[str, Any], Hashable], Decoder]  # client, schema, variant
+Variant = Callable[[bytes], tuple[Hashable, bytes]]  # a payload's message type (Protobuf's indexes), and its body
+
+
+def _no_variant(payload: bytes) -> tuple[Hashable, bytes]:
+    return None, payload
+
+
 @dataclass
 class _Group:
     rows: list[int] = field(default_factory=list)
     payloads: list[bytes] = field(default_factory=list)
 
 
-def parse_framed(values: pa.Array, settings: RegistrySettings, decoder: Callable[[dict[str, Any]], Decoder],
-                 invalid_kind: str) -> ParsedValues:
+def parse_framed(values: pa.Array, settings: RegistrySettings, build: Build, invalid_kind: str,
+                 variant: Variant = _no_variant) -> ParsedValues:
     """Decode framed values (binary, no nulls) by their schemas: one table, rows in order.
 
     Values of several schema ids (versions) in one chunk each decode with their own schema, and
@@ -154,16 +171,22 @@ def parse_framed(values: pa.Array, settings: RegistrySettings, decoder: Callable
     """
     framed = split_frames(values, invalid_kind)
     failures = dict(framed.failures)
-    groups: dict[int, _Group] = {}
+    groups: dict[tuple[int, Hashable], _Group] = {}
     for row, schema_id in enumerate(framed.ids):
-        if schema_id >= 0:
-            group = groups.setdefault(schema_id, _Group())
-            group.rows.append(row)
-            group.payloads.append(framed.payloads[row])
-    tables, rows = [], []
-    for schema_id, group in groups.items():
+        if schema_id < 0:
+            continue
         try:
-            schema_decoder = _decoder(settings, schema_id, decoder)
+            which, body = variant(framed.payloads[row])
+        except (ValueError, IndexError) as exc:
+            failures[row] = (f"schema id {schema_id}: {exc}", invalid_kind)
+            continue
+        group = groups.setdefault((schema_id, which), _Group())
+        group.rows.append(row)
+        group.payloads.append(body)
+    tables, rows = [], []
+    for (schema_id, which), group in groups.items():
+        try:
+            schema_decoder = _decoder(settings, schema_id, which, build)
         except UnknownSchema as exc:
             failures.update((row, (str(exc), "unknown_schema_id")) for row in group.rows)
             continue
@@ -190,12 +213,13 @@ def parse_framed(values: pa.Array, settings: RegistrySettings, decoder: Callable
     return ParsedValues(table.take(pa.array(order)), pa.array(np.asarray(rows)[order], pa.int64()), failures)
 
 
-_decoders: dict[tuple[RegistrySettings, int], Decoder] = {}
+_decoders: dict[tuple[RegistrySettings, int, Hashable], Decoder] = {}
 
 
-def _decoder(settings: RegistrySettings, schema_id: int, build: Callable[[dict[str, Any]], Decoder]) -> Decoder:
-    """The decoder of `schema_id`, built once per worker process."""
-    found = _decoders.get((settings, schema_id))
+def _decoder(settings: RegistrySettings, schema_id: int, which: Hashable, build: Build) -> Decoder:
+    """The decoder of `schema_id` (and message type), built once per worker process."""
+    found = _decoders.get((settings, schema_id, which))
     if found is None:
-        found = _decoders[(settings, schema_id)] = build(registry_client(settings).schema(schema_id))
+        client = registry_client(settings)
+        found = _decoders[(settings, schema_id, which)] = build(client, client.schema(schema_id), which)
     return found

@@ -13,12 +13,14 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from devkit.kafka_data import create_topics
 from devkit.service_process import wait_until
 from local_registry import LocalRegistry
 from tests.e2e.checks import all_committed
+from tests.protobuf_messages import order_class
 
 pytestmark = pytest.mark.e2e
 
@@ -115,3 +117,55 @@ def test_avro_values_and_keys_through_a_schema_change_and_a_registry_outage(
     log = service.output()
     assert AUTH.split(":")[1] not in log
     assert "bad record" not in log
+
+
+def _protobuf_order(cls: type, i: int):
+    message = cls(id=i, name=f"n{i}", amount=i / 4, status=i % 2, tags=[f"t{i}"] * (i % 3), big=2**64 - 1 - i)
+    if i % 5:
+        message.created.FromDatetime(dt.datetime(2024, 5, 1, 12, 0, 0, i))
+        message.customer.name, message.customer.vip = f"c{i}", i % 2 == 0
+    if i % 3 == 0:
+        message.note = f"note {i}"
+    message.attrs["n"] = i
+    if hasattr(message, "coupon") and i % 2:
+        message.coupon = f"C{i}"
+    return message
+
+
+def _expected_protobuf_row(offset: int, i: int, version: int) -> dict:
+    return {"_offset": offset, "id": i, "name": f"n{i}", "amount": i / 4, "status": "PAID" if i % 2 else "NEW",
+            "created": f"2024-05-01T12:00:00.{i:06d}Z" if i % 5 else None,
+            "customer_name": f"c{i}" if i % 5 else None, "customer_vip": (i % 2 == 0) if i % 5 else None,
+            "tags": json.dumps([f"t{i}"] * (i % 3), separators=(",", ":")), "attrs": f'{{"n":{i}}}',
+            "note": f"note {i}" if i % 3 == 0 else None, "big": str(2**64 - 1 - i),
+            "coupon": f"C{i}" if version == 2 and i % 2 else None}
+
+
+def test_protobuf_values_through_a_schema_change(bootstrap, ems, registry, unique, service_env, services):
+    """Version 1, then version 2 (an added optional field), then 1 again, with confluent-kafka's
+    ProtobufSerializer: the table holds every record exactly as produced."""
+    topic, group = unique("protobuf"), unique("group")
+    create_topics(bootstrap, {topic: 1})
+    client = SchemaRegistryClient({"url": registry.url, "basic.auth.user.info": AUTH})
+    classes = {version: order_class(version) for version in (1, 2)}
+    serializers = {version: ProtobufSerializer(cls, client, {"use.deprecated.format": False})
+                   for version, cls in classes.items()}
+    orders = [(i, 1) for i in range(25)] + [(i, 2) for i in range(25, 50)] + [(i, 1) for i in range(50, 60)]
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    for i, version in orders:
+        context = SerializationContext(topic, MessageField.VALUE)
+        value = serializers[version](_protobuf_order(classes[version], i), context)
+        producer.produce(topic, partition=0, key=str(i).encode(), value=value)
+    producer.flush(30)
+    env = service_env(topic, group, SINK_VALUE_FORMAT="protobuf", SINK_SCHEMA_REGISTRY_URL=registry.url,
+                      SINK_SCHEMA_REGISTRY_BASIC_AUTH=AUTH, SINK_FLUSH_RECORDS=20, SINK_METADATA_COLUMNS="none")
+    service = services(env)
+    wait_until(lambda: all_committed(bootstrap, group, topic, 1), COMMIT_BOUND_S, "all offsets committed",
+               process=service)
+    assert service.terminate() == 0
+
+    rows = sorted(ems.table(topic), key=lambda row: row["id"])
+    assert rows == [_expected_protobuf_row(offset, i, version) for offset, (i, version) in enumerate(orders)]
+    schema = pq.read_schema(ems.uploads(topic)[0]["path"])
+    assert str(schema.field("created").type) == "timestamp[us, tz=UTC]"
+    assert str(schema.field("big").type) == "decimal128(20, 0)"
