@@ -5,7 +5,7 @@ Spark-free on purpose: the uploader CLI imports it to build the same targets fro
 
 from __future__ import annotations
 
-from sink_service.config import SinkConfig
+from sink_service.config import S3_URL_SCHEME, SinkConfig
 from uploader.directory import DirectorySettings, DirectoryTarget
 from uploader.ems import EmsSettings, EmsTarget
 from uploader.parking import ParkingSettings, ParkingTarget
@@ -21,23 +21,38 @@ def target_settings(config: SinkConfig) -> TargetSettings:
     inner = _plain_settings(config)
     if config.rejected_file_policy != "park":
         return inner
-    return ParkingSettings(inner=inner, parked=DirectorySettings(path=config.parked_path, retry=inner.retry))
+    return ParkingSettings(inner=inner, parked=parked_settings(config, inner.retry))
+
+
+def parked_settings(config: SinkConfig, retry: RetryPolicy) -> DirectorySettings | S3Settings:
+    """Where rejected files are parked: a directory, or `s3://bucket/prefix` reached with the S3
+    target's endpoint, region and CA settings."""
+    path = config.parked_path or ""
+    if path.startswith(S3_URL_SCHEME):
+        bucket, _, prefix = path[len(S3_URL_SCHEME):].partition("/")
+        return s3_settings(config, bucket, prefix, retry)
+    return DirectorySettings(path=path, retry=retry)
+
+
+def s3_settings(config: SinkConfig, bucket: str, prefix: str, retry: RetryPolicy) -> S3Settings:
+    """A bucket and prefix reached the way the S3 target reaches its own (SINK_S3_*, SINK_TLS_CA_BUNDLE)."""
+    return S3Settings(
+        bucket=bucket,
+        prefix=prefix,
+        endpoint_url=config.s3_endpoint_url,
+        region=config.s3_region,
+        part_size=config.s3_multipart_part_size,
+        ca_bundle=config.tls_ca_bundle,
+        request_timeout_s=config.upload_timeout_ms / 1000,
+        retry=retry,
+    )
 
 
 def _plain_settings(config: SinkConfig) -> EmsSettings | S3Settings | DirectorySettings:
     retry = RetryPolicy(max_elapsed_s=config.upload_retry_budget_ms / 1000)
     timeout_s = config.upload_timeout_ms / 1000
     if config.target == "s3":
-        return S3Settings(
-            bucket=config.s3_bucket,
-            prefix=config.s3_prefix or "",
-            endpoint_url=config.s3_endpoint_url,
-            region=config.s3_region,
-            part_size=config.s3_multipart_part_size,
-            ca_bundle=config.tls_ca_bundle,
-            request_timeout_s=timeout_s,
-            retry=retry,
-        )
+        return s3_settings(config, config.s3_bucket, config.s3_prefix or "", retry)
     if config.target == "dir":
         return DirectorySettings(path=config.dir_path, retry=retry)
     if config.target != "ems":

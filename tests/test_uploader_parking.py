@@ -122,7 +122,7 @@ BASE = {"SINK_KAFKA_BOOTSTRAP_SERVERS": "b:9092", "SINK_TOPICS": "t", "SINK_GROU
 
 @pytest.mark.parametrize(("path", "problem"), [
     (None, "SINK_PARKED_PATH is required when SINK_REJECTED_FILE_POLICY=park"),
-    ("s3://bucket/prefix", "SINK_PARKED_PATH must be a directory; URLs (s3://) are not supported yet"),
+    ("gs://bucket/prefix", "SINK_PARKED_PATH must be a directory or an `s3://<bucket>/<prefix>` URL, not gs://"),
 ])
 def test_park_needs_a_directory(path, problem):
     env = {**BASE, "SINK_REJECTED_FILE_POLICY": "park", **({"SINK_PARKED_PATH": path} if path else {})}

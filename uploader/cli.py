@@ -1,6 +1,6 @@
 """`python -m uploader`: push one Parquet file by hand, or read back what a dir/S3 target holds.
 
-    python -m uploader push FILE [--target ems|s3|dir] [--topic T --partition P --first-offset F
+    python -m uploader push FILE|s3://BUCKET/KEY [--target ems|s3|dir] [--topic T --partition P --first-offset F
                                   --last-offset L] [--table NAME] [--primary-keys a,b]
                                   [--order-column C] [--dry-run]
     python -m uploader read [--target dir|s3] [--primary-keys id] [--order-column _offset]
@@ -9,7 +9,8 @@
 The target is configured by the same SINK_* variables as the service (see the README's reference);
 Kafka settings are not needed. Topic, partition and offsets default to what the service's file name
 says (`topic-<t>_partition-<p>_firstOffset-<f>_lastOffset-<l>.parquet`); the record count and schema
-fingerprint come from the Parquet footer.
+fingerprint come from the Parquet footer. A parked file (SINK_PARKED_PATH) is pushed with the metadata
+of the `.response.json` beside it; one parked in S3 is named by its `s3://` URL and downloaded first.
 
 Exit codes: 0 ok, 2 usage or configuration error, 3 the target rejected the upload (retrying cannot
 help; the message names the setting to fix), 4 a transient error outlasted the retry budget
@@ -33,6 +34,7 @@ import logging
 import os
 import pathlib
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
@@ -40,8 +42,10 @@ import pyarrow as pa
 
 from uploader.errors import FatalUploadError, RetryableUploadError
 from uploader.masking import authorization_secrets, redact
-from uploader.parking import ParkingSettings, read_sidecar_metadata
+from uploader.parking import SIDECAR_SUFFIX, ParkingSettings, read_sidecar_metadata, sidecar_path
 from uploader.parquet_info import footer_info, parse_file_name
+from uploader.retry import RetryPolicy
+from uploader.s3 import S3Target
 from uploader.target import FileMetadata, Receipt
 
 EXIT_OK = 0
@@ -65,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     push = commands.add_parser("push", help="upload one Parquet file, with the service's retries")
-    push.add_argument("file", type=pathlib.Path, help="the Parquet file")
+    push.add_argument("file", help="the Parquet file, or the s3:// URL of one parked in S3")
     push.add_argument("--target", choices=("ems", "s3", "dir"), help="default: SINK_TARGET")
     push.add_argument("--topic", help="default: from the file name")
     push.add_argument("--partition", type=int, help="default: from the file name")
@@ -242,8 +246,37 @@ def file_metadata(path: pathlib.Path, args: argparse.Namespace, config: Any) -> 
     )
 
 
+@contextlib.contextmanager
+def _local_copy(source: str, config: Any) -> Iterator[pathlib.Path]:
+    """A local path as it is; an `s3://` one (a parked file) downloaded with its sidecar, if any, using
+    the S3 target's endpoint, region, CA bundle and credentials."""
+    from sink_service.config import S3_URL_SCHEME
+    from sink_service.targets import s3_settings
+
+    if not source.startswith(S3_URL_SCHEME):
+        yield pathlib.Path(source)
+        return
+    bucket, _, key = source[len(S3_URL_SCHEME):].partition("/")
+    if not bucket or not key or key.endswith("/"):
+        raise UsageError(f"{source} is not an s3://<bucket>/<key> URL of a file")
+    store = S3Target(s3_settings(config, bucket, "", RetryPolicy()))
+    try:
+        with tempfile.TemporaryDirectory() as temp:
+            local = pathlib.Path(temp) / pathlib.PurePosixPath(key).name
+            if not store.download(key, local):
+                raise UsageError(f"no such object: {source}")
+            store.download(key + SIDECAR_SUFFIX, sidecar_path(local))
+            yield local
+    finally:
+        store.close()
+
+
 def _push(args: argparse.Namespace, config: Any, say) -> int:
-    path: pathlib.Path = args.file
+    with _local_copy(args.file, config) as path:
+        return _push_file(path, args, config, say)
+
+
+def _push_file(path: pathlib.Path, args: argparse.Namespace, config: Any, say) -> int:
     if not path.is_file():
         raise UsageError(f"no such file: {path}")
     # A parked file's sidecar holds the metadata it was first pushed with; flags do not apply then.

@@ -1,9 +1,10 @@
 """Parking: a file the endpoint rejects as bad content is set aside instead of stopping the service.
 
 Wraps any target. A FatalUploadError whose status says "this file's content" (400, 413) parks the
-file under SINK_PARKED_PATH at the same deterministic path as the dir target
-(`<topic>/<partition>/<first>-<last>.parquet`), with `<same>.response.json` beside it holding the
-endpoint's answer and the file's metadata; both are written atomically. Every other fatal error
+file under SINK_PARKED_PATH, a directory or an S3 location, at the same deterministic path as the
+dir and S3 targets (`<topic>/<partition>/<first>-<last>.parquet`), with `<same>.response.json`
+beside it holding the endpoint's answer and the file's metadata; both are written atomically (a
+file renamed into place, or one S3 request each). Every other fatal error
 (401/403/404: configuration) still stops the service. A parking write that fails is retryable:
 the range is replayed, never skipped. `python -m uploader push <parked file>` re-pushes it.
 """
@@ -21,6 +22,7 @@ from typing import Any
 from uploader.directory import DirectorySettings, DirectoryTarget, temp_name
 from uploader.errors import FatalUploadError, RetryableUploadError, UploadError
 from uploader.retry import OnRetry
+from uploader.s3 import S3Settings, S3Target
 from uploader.target import FileMetadata, Receipt, UploadTarget
 
 PARKED_TARGET = "parked"
@@ -33,7 +35,7 @@ class ParkingSettings:
     """The real target's settings plus where rejected files go; hashable and picklable."""
 
     inner: Any  # the wrapped target's settings
-    parked: DirectorySettings
+    parked: DirectorySettings | S3Settings
 
 
 def sidecar_path(parked_file: pathlib.Path) -> pathlib.Path:
@@ -53,10 +55,10 @@ def read_sidecar_metadata(parked_file: pathlib.Path) -> FileMetadata | None:
 class ParkingTarget:
     """UploadTarget that parks content rejections of the wrapped target; see the module docstring."""
 
-    def __init__(self, inner: UploadTarget, parked: DirectorySettings) -> None:
+    def __init__(self, inner: UploadTarget, parked: DirectorySettings | S3Settings) -> None:
         self.inner = inner
         self.name = inner.name
-        self.parked = DirectoryTarget(parked)
+        self.parked = S3Target(parked) if isinstance(parked, S3Settings) else DirectoryTarget(parked)
 
     def upload(self, path: pathlib.Path, metadata: FileMetadata, on_retry: OnRetry | None = None) -> Receipt:
         started = time.monotonic()
@@ -71,7 +73,7 @@ class ParkingTarget:
               started: float) -> Receipt:
         try:
             stored = self.parked.upload(path, metadata)
-            _write_atomically(sidecar_path(pathlib.Path(stored.location)), {
+            self._store_sidecar(stored, {
                 "status": rejection.status,
                 "reason": rejection.reason,
                 "body": rejection.body,
@@ -87,8 +89,16 @@ class ParkingTarget:
             attempts=1, duration_s=time.monotonic() - started,
             details={"status": rejection.status, "reason": rejection.reason})
 
+    def _store_sidecar(self, stored: Receipt, document: dict[str, Any]) -> None:
+        if isinstance(self.parked, S3Target):
+            body = json.dumps(document, indent=2, ensure_ascii=False).encode()
+            self.parked.put_object(stored.details["key"] + SIDECAR_SUFFIX, body, "application/json")
+        else:
+            _write_atomically(sidecar_path(pathlib.Path(stored.location)), document)
+
     def close(self) -> None:
         self.inner.close()
+        self.parked.close()
 
 
 def _write_atomically(final: pathlib.Path, document: dict[str, Any]) -> None:

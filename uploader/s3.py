@@ -276,6 +276,27 @@ class S3Target:
             },
         )
 
+    def put_object(self, key: str, body: bytes, content_type: str) -> str:
+        """Write a small object in one request (S3 makes it visible whole or not at all); its URI."""
+        what = f"S3 write of {self.settings.uri(key)}"
+        try:
+            self._client.put_object(Bucket=self.settings.bucket, Key=key, Body=body, ContentType=content_type)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise classify_error(exc, what=what) from exc
+        return self.settings.uri(key)
+
+    def download(self, key: str, destination: pathlib.Path) -> bool:
+        """Copy an object to a local file; False when there is no such object."""
+        try:
+            self._client.download_file(self.settings.bucket, key, str(destination))
+        except botocore.exceptions.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+                return False
+            raise classify_error(exc, what=f"S3 download of {self.settings.uri(key)}") from exc
+        except botocore.exceptions.BotoCoreError as exc:
+            raise classify_error(exc, what=f"S3 download of {self.settings.uri(key)}") from exc
+        return True
+
     def describe_request(self, path: pathlib.Path, metadata: FileMetadata) -> dict[str, Any]:
         """What upload() would send; for a --dry-run that touches no network."""
         path = pathlib.Path(path)

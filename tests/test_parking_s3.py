@@ -1,0 +1,132 @@
+"""SINK_PARKED_PATH as an S3 URL: a rejected file and the endpoint's answer parked side by side in a
+real S3 API (moto's server), and `python -m uploader push s3://...` re-pushing it from there."""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pyarrow.parquet as pq
+import pytest
+from moto.server import ThreadedMotoServer
+
+from sink_service.config import load_config
+from sink_service.decode import DecodeSpec
+from sink_service.kafka_source.admission import Range
+from sink_service.partition_task import TaskSpec, process_range
+from sink_service.targets import build_target, target_settings
+from tests.unit.config_helpers import config_problems, ems_env
+from tests.unit.test_partition_task import reader, topic_log
+from uploader import cli
+
+AUTH = "AppKey parking-s3-test-key"
+REGION = "us-east-1"
+PARKED_KEY = f"parked/t/0/{0:020d}-{99:020d}.parquet"
+
+
+@pytest.fixture(scope="module")
+def ems(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    from local_ems.server import LocalEmsServer
+
+    server = LocalEmsServer(tmp_path_factory.mktemp("ems"), AUTH)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def moto_url() -> Iterator[str]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def aws_env(monkeypatch, tmp_path):
+    """Dummy credentials through boto3's standard chain; nothing from the machine's ~/.aws or IMDS."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing-key-id")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing-secret-key")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def environment(ems, moto_url: str, parked: str, **more: str) -> dict[str, str]:
+    return {
+        "SINK_KAFKA_BOOTSTRAP_SERVERS": "unused:9092", "SINK_TOPICS": "t", "SINK_PRIMARY_KEYS": "id",
+        "SINK_EMS_ENDPOINT": ems.items_url(), "SINK_EMS_AUTHORIZATION": AUTH, "SINK_EMS_TARGET_TABLE": "{topic}",
+        "SINK_REJECTED_FILE_POLICY": "park", "SINK_PARKED_PATH": parked, "SINK_S3_ENDPOINT_URL": moto_url,
+        "SINK_S3_REGION": REGION, "SINK_UPLOAD_RETRY_BUDGET_MS": "1000", **more,
+    }
+
+
+def spec(tmp_path: Path, environ: dict[str, str]) -> TaskSpec:
+    return TaskSpec(
+        decode=DecodeSpec(None, ("id",), "_offset"),
+        target_settings=target_settings(load_config(environ)),
+        build_target=build_target,
+        table_template="{topic}",
+        scratch_dir=str(tmp_path / "scratch"),
+        flush_bytes=1 << 30,
+        flush_records=100,
+        compression="snappy",
+        error_policy="fail",
+    )
+
+
+def test_a_rejected_file_is_parked_in_s3_beside_the_answer_and_pushed_from_there(tmp_path, ems, moto_url):
+    bucket = f"parked-{uuid.uuid4().hex[:12]}"
+    s3 = boto3.client("s3", endpoint_url=moto_url, region_name=REGION)
+    s3.create_bucket(Bucket=bucket)
+    environ = environment(ems, moto_url, f"s3://{bucket}/parked/")
+    ems.inject_fault(400, count=1)
+    outcome = process_range(spec(tmp_path, environ), Range("t", 0, 0, 300), reader(topic_log(300, set())))
+    outcome = outcome.to_pylist()[0]
+
+    assert (outcome["status"], outcome["committable"], outcome["records_uploaded"]) == ("ok", 300, 200)
+    [parked] = [f for f in json.loads(outcome["files"]) if f["parked"]]
+    assert parked["location"] == f"s3://{bucket}/{PARKED_KEY}"
+    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"])
+    assert keys == [PARKED_KEY, PARKED_KEY + ".response.json"]
+    table = pq.read_table(io.BytesIO(s3.get_object(Bucket=bucket, Key=PARKED_KEY)["Body"].read()))
+    assert table.column("id").to_pylist() == [str(i) for i in range(100)]
+    answer = json.loads(s3.get_object(Bucket=bucket, Key=PARKED_KEY + ".response.json")["Body"].read())
+    assert answer["status"] == 400 and answer["metadata"]["last_offset"] == 99
+
+    out = tmp_path / "pushed"
+    code = cli.main(["push", f"s3://{bucket}/{PARKED_KEY}", "--target", "dir"],
+                    {**environ, "SINK_DIR_PATH": str(out)}, stdout=io.StringIO(), stderr=io.StringIO())
+    assert code == 0
+    [pushed] = out.rglob("*.parquet")
+    assert pushed.relative_to(out).as_posix() == PARKED_KEY.removeprefix("parked/"), "named by the sidecar's metadata"
+    assert pq.read_table(pushed).column("id").to_pylist() == [str(i) for i in range(100)]
+    err = io.StringIO()
+    missing = cli.main(["push", f"s3://{bucket}/parked/nothing.parquet", "--target", "dir"],
+                       {**environ, "SINK_DIR_PATH": str(out)}, stdout=io.StringIO(), stderr=err)
+    assert missing == cli.EXIT_USAGE and "no such object" in err.getvalue()
+
+
+def test_parking_that_fails_is_retried_never_skipped(tmp_path, ems, moto_url):
+    environ = environment(ems, moto_url, f"s3://missing-{uuid.uuid4().hex[:12]}/parked")
+    ems.inject_fault(400, count=1)
+    outcome = process_range(spec(tmp_path, environ), Range("t", 0, 0, 300), reader(topic_log(300, set())))
+    outcome = outcome.to_pylist()[0]
+    assert (outcome["status"], outcome["committable"]) == ("retryable", 0)
+    assert "parking" in outcome["error"] and "SINK_PARKED_PATH" in outcome["error"]
+
+
+def test_parked_path_urls_are_checked():
+    park = {"SINK_REJECTED_FILE_POLICY": "park"}
+    assert load_config(ems_env(**park, SINK_PARKED_PATH="s3://bucket/prefix")).parked_path == "s3://bucket/prefix"
+    assert "names no bucket" in config_problems(ems_env(**park, SINK_PARKED_PATH="s3:///prefix"))[0]
+    assert "directory or an `s3://" in config_problems(ems_env(**park, SINK_PARKED_PATH="gs://bucket"))[0]
+    plain_http = config_problems(ems_env(**park, SINK_PARKED_PATH="s3://b", SINK_S3_ENDPOINT_URL="http://minio:9000"))
+    assert "SINK_S3_ALLOW_HTTP" in plain_http[0]
