@@ -154,8 +154,13 @@ class DeadLetters:
                 return
             except BufferError:  # the queue is full: wait for acknowledgements to make room
                 if producer.flush(DELIVERY_TIMEOUT_MS / 1000 + _FLUSH_MARGIN_S) > 0:
+                    failure = "the producer's queue stayed full"
                     break
-        self._failures[record.offset] = f"{record.describe()}: the producer's queue stayed full"
+            except KafkaException as exc:  # refused before sending, e.g. larger than message.max.bytes
+                failure = str(exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else exc)
+                break
+        self._unacknowledged.pop(record.offset, None)
+        self._failures[record.offset] = f"{record.describe()}: {failure}"
 
     def settle(self, below: int) -> None:
         """Wait for the acknowledgements; raise if a dead letter with an offset below `below` (the

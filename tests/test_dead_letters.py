@@ -181,3 +181,19 @@ def end_offset(bootstrap: str, topic: str) -> int:
         return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
     finally:
         consumer.close()
+
+
+def test_a_dead_letter_the_producer_refuses_is_an_outage_not_a_crash(bootstrap, tmp_path):
+    """Larger than the producer's message.max.bytes (1 MB by default): refused before it is sent."""
+    huge = b'{"id": "' + b"x" * 1_200_000
+
+    def read(rng: Range) -> Iterator[pa.RecordBatch]:
+        yield pa.RecordBatch.from_pylist([
+            {"topic": "src", "partition": 3, "offset": i, "timestamp_ms": 0, "key": None,
+             "value": huge if i == 5 else json.dumps({"id": str(i)}).encode(), "headers": None}
+            for i in range(rng.start, rng.end)], schema=RAW_SCHEMA)
+
+    outcome = process_range(spec(tmp_path, bootstrap, "dlq-unit-huge", flush_records=5), Range("src", 3, 0, 10),
+                            read).to_pylist()[0]
+    assert (outcome["status"], outcome["error_kind"], outcome["committable"]) == ("retryable", ERROR_DEAD_LETTER, 5)
+    assert "offset=5" in outcome["error"] and "size" in outcome["error"].lower()
