@@ -160,10 +160,25 @@ class SinkConfig:
         "DOUBLE`. Fields not declared are not written. When absent the schema is inferred and no "
         "field is dropped.", group="Records")
     value_format: str = setting(
-        "SINK_VALUE_FORMAT", "How the Kafka value is read: `json` (an object per value), or `avro` or `protobuf` "
+        "SINK_VALUE_FORMAT", "How the Kafka value is read: `json` (an object per value); `avro` or `protobuf` "
         "in the schema registry's wire format (magic byte 0, 4-byte schema id), decoded with the writer's schema "
-        "fetched from `SINK_SCHEMA_REGISTRY_URL` (see \"Value formats\").", "json",
-        choices=("json", "avro", "protobuf"), group="Records")
+        "fetched from `SINK_SCHEMA_REGISTRY_URL`; `csv` (one row per value, see `SINK_CSV_*`); or `raw` (the "
+        "value's bytes in one binary column `value`). See \"Value formats\".", "json",
+        choices=("json", "avro", "protobuf", "csv", "raw"), group="Records")
+    csv_columns: str | None = setting(
+        "SINK_CSV_COLUMNS", "With `SINK_VALUE_FORMAT=csv`: the columns of each row, in order, as Spark DDL, e.g. "
+        "`id BIGINT, name STRING, amount DECIMAL(10,2)` (flat types only). Required unless `SINK_CSV_HEADER=true`; "
+        "with a header it types the columns it names.", group="Records")
+    csv_header: bool = setting(
+        "SINK_CSV_HEADER", "With `SINK_VALUE_FORMAT=csv`: each value is a header line naming its columns, then one "
+        "row. Columns not typed by `SINK_CSV_COLUMNS` are strings.", False, group="Records")
+    csv_delimiter: str | None = setting(
+        "SINK_CSV_DELIMITER", "With `SINK_VALUE_FORMAT=csv`: the field delimiter, one character (default `,`; "
+        "`\\t` for a tab).",
+        group="Records")
+    csv_quote: str | None = setting(
+        "SINK_CSV_QUOTE", "With `SINK_VALUE_FORMAT=csv`: the quote character (default `\"`); a quoted field may "
+        "hold the delimiter, newlines and the quote doubled.", group="Records")
     schema_registry_url: str | None = setting(
         "SINK_SCHEMA_REGISTRY_URL", "Confluent-compatible schema registry, e.g. `https://registry:8081`; "
         "required with the `avro` and `protobuf` value or key formats. Schemas are fetched by id and cached; a "
@@ -756,6 +771,40 @@ def _check_formats(c: SinkConfig) -> list[str]:
     if c.value_schema and c.value_format != "json":
         problems.append(f"SINK_VALUE_SCHEMA declares a JSON value's fields; with SINK_VALUE_FORMAT={c.value_format} "
                         "the schema comes from the format itself: unset SINK_VALUE_SCHEMA.")
+    return problems + _check_csv(c)
+
+
+def csv_character(value: str | None, default: str) -> str:
+    """SINK_CSV_DELIMITER/SINK_CSV_QUOTE as the character meant: `\\t` is a tab (settings are stripped)."""
+    return default if value is None else "\t" if value == "\\t" else value
+
+
+def _check_csv(c: SinkConfig) -> list[str]:
+    settings = (("SINK_CSV_COLUMNS", c.csv_columns), ("SINK_CSV_HEADER", c.csv_header),
+                ("SINK_CSV_DELIMITER", c.csv_delimiter), ("SINK_CSV_QUOTE", c.csv_quote))
+    options = [env for env, value in settings if value]
+    if c.value_format != "csv":
+        return [f"{', '.join(options)} apply only to CSV values; set SINK_VALUE_FORMAT=csv or unset them."] \
+            if options else []
+    problems = []
+    if not c.csv_columns and not c.csv_header:
+        problems.append("SINK_VALUE_FORMAT=csv needs SINK_CSV_COLUMNS (Spark DDL, e.g. `id BIGINT, name STRING`) "
+                        "or SINK_CSV_HEADER=true.")
+    if c.csv_columns:
+        try:
+            schema = parse_ddl(c.csv_columns)
+        except DdlError as exc:
+            problems.append(f"SINK_CSV_COLUMNS is not valid Spark DDL: {exc}.")
+        else:
+            nested = [f.name for f in schema if f.type.num_fields or str(f.type).startswith(("list", "map"))]
+            if nested:
+                problems.append(f"SINK_CSV_COLUMNS declares {', '.join(nested)} as STRUCT, ARRAY or MAP; a CSV "
+                                "field holds a single value.")
+    for env, value in (("SINK_CSV_DELIMITER", c.csv_delimiter), ("SINK_CSV_QUOTE", c.csv_quote)):
+        if value is not None and (len(csv_character(value, "")) != 1 or value in "\r\n"):
+            problems.append(f"{env} must be one character other than a line break (`\\t` for a tab), got {value!r}.")
+    if csv_character(c.csv_delimiter, ",") == csv_character(c.csv_quote, '"'):
+        problems.append("SINK_CSV_DELIMITER and SINK_CSV_QUOTE must differ.")
     return problems
 
 

@@ -25,10 +25,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from sink_service import java_home, spark_home
-from sink_service.config import STRUCTURED_KEY_FORMATS, SinkConfig
+from sink_service.config import STRUCTURED_KEY_FORMATS, SinkConfig, csv_character
 from sink_service.ddl import parse_ddl
 from sink_service.dead_letters import DeadLetterSpec
 from sink_service.decode import DecodeSpec
+from sink_service.decode.csv_values import CsvFormat
 from sink_service.decode.registry import RegistrySettings
 from sink_service.health import Health
 from sink_service.kafka_source.datasource import (
@@ -155,6 +156,9 @@ class Pipeline:
                 value_format=config.value_format,
                 registry=RegistrySettings(config.schema_registry_url, config.schema_registry_basic_auth or "")
                 if config.schema_registry_url else None,
+                csv=CsvFormat(parse_ddl(config.csv_columns) if config.csv_columns else None, config.csv_header,
+                              csv_character(config.csv_delimiter, ","), csv_character(config.csv_quote, '"'))
+                if config.value_format == "csv" else None,
                 flatten=config.flatten, flatten_discard_collections=config.flatten_discard_collections,
                 lowercase_fields=config.lowercase_fields, decimals_as_double=config.decimals_as_double,
                 obfuscate_fields=config.obfuscate_fields, obfuscation_method=config.obfuscation_method,

@@ -8,6 +8,7 @@
                         JSON trees; declared_schema.py: SINK_VALUE_SCHEMA)
     avro_values.py      SINK_VALUE_FORMAT=avro: Avro values (fastavro) under a schema-derived Arrow schema
     protobuf_values.py  SINK_VALUE_FORMAT=protobuf: Protobuf values (the protobuf runtime), likewise
+    csv_values.py       SINK_VALUE_FORMAT=csv: a CSV row per value, chunk-wise (pyarrow.csv); and raw
     registry.py         the Confluent wire format, and schemas by id from SINK_SCHEMA_REGISTRY_URL,
                         cached per worker; a registry that does not answer is an outage
     metadata.py         Kafka metadata as `_` columns (headers.py: `_headers` as JSON)
@@ -33,6 +34,7 @@ import pyarrow.compute as pc
 from sink_service.decode.avro_values import parse_avro
 from sink_service.decode.bad_records import BadRecord, Failures, bad_records, kept
 from sink_service.decode.column_types import unify
+from sink_service.decode.csv_values import CsvFormat, parse_csv, parse_raw
 from sink_service.decode.flatten import FieldCollision, column_name, flatten
 from sink_service.decode.json_values import ParsedValues, parse_objects
 from sink_service.decode.keys import (
@@ -74,6 +76,7 @@ class DecodeSpec:
     primary_keys_from_key: bool = False  # SINK_PRIMARY_KEYS unset with structured keys: the key's fields
     value_format: str = "json"  # SINK_VALUE_FORMAT
     registry: RegistrySettings | None = None  # for the avro and protobuf formats
+    csv: CsvFormat | None = None  # for the csv format
     flatten: bool = False
     flatten_discard_collections: bool = False
     lowercase_fields: bool = False
@@ -195,6 +198,10 @@ def _parser(value_format: str, spec: DecodeSpec) -> Callable[[pa.Array], ParsedV
         return partial(parse_avro, registry=spec.registry)
     if value_format == "protobuf":
         return partial(parse_protobuf, registry=spec.registry)
+    if value_format == "csv":
+        return partial(parse_csv, fmt=spec.csv)
+    if value_format == "raw":
+        return parse_raw
     return partial(parse_objects, value_schema=spec.value_schema)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sink_service.config import MASK, load_config
+from sink_service.config import MASK, csv_character, load_config
 from tests.unit.config_helpers import config_problems, ems_env
 
 
@@ -44,3 +44,27 @@ def test_avro_keys_give_primary_keys_and_a_prefix_like_json_keys():
     config = load_config(ems_env(SINK_KEY_FORMAT="avro", SINK_KEY_FIELDS_PREFIX="k_",
                                  SINK_SCHEMA_REGISTRY_URL="http://registry:8081"))
     assert config.key_fields_prefix == "k_"
+
+
+def test_csv_columns_header_delimiter_and_quote():
+    config = load_config(ems_env(SINK_VALUE_FORMAT="csv", SINK_CSV_COLUMNS="id BIGINT, name STRING",
+                                 SINK_CSV_DELIMITER="\\t", SINK_CSV_QUOTE="'"))
+    assert csv_character(config.csv_delimiter, ",") == "\t"
+    assert load_config(ems_env(SINK_VALUE_FORMAT="csv", SINK_CSV_HEADER="true")).csv_header
+
+
+def test_csv_problems_are_listed_at_once():
+    problems = config_problems(ems_env(SINK_VALUE_FORMAT="csv", SINK_CSV_DELIMITER=";;", SINK_CSV_QUOTE=";"))
+    assert any(p.startswith("SINK_VALUE_FORMAT=csv needs SINK_CSV_COLUMNS") for p in problems)
+    assert any(p.startswith("SINK_CSV_DELIMITER must be one character") for p in problems)
+    problems = config_problems(ems_env(SINK_VALUE_FORMAT="csv", SINK_CSV_COLUMNS="id BIGINT, tags ARRAY<STRING>",
+                                       SINK_CSV_DELIMITER='"'))
+    assert any("declares tags as STRUCT, ARRAY or MAP" in p for p in problems)
+    assert "SINK_CSV_DELIMITER and SINK_CSV_QUOTE must differ." in problems
+    assert config_problems(ems_env(SINK_VALUE_FORMAT="csv", SINK_CSV_COLUMNS="id BIGINT,")) != []
+
+
+def test_csv_options_without_the_csv_format_are_a_problem():
+    problems = config_problems(ems_env(SINK_CSV_COLUMNS="id BIGINT", SINK_CSV_HEADER="true"))
+    assert "SINK_CSV_COLUMNS, SINK_CSV_HEADER apply only to CSV values; set SINK_VALUE_FORMAT=csv or unset them." \
+        in problems
