@@ -51,7 +51,7 @@ class DeadLetterSpec:
     """Where dead letters go: the topic, and the service's Kafka client settings (SASL/TLS included)."""
 
     topic: str
-    client_config: tuple[tuple[str, str], ...]
+    client_config: tuple[tuple[str, str], ...] = field(repr=False)  # may hold SASL/TLS secrets
 
     @classmethod
     def of(cls, topic: str, client_config: Mapping[str, str]) -> DeadLetterSpec:

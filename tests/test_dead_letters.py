@@ -197,3 +197,10 @@ def test_a_dead_letter_the_producer_refuses_is_an_outage_not_a_crash(bootstrap, 
                             read).to_pylist()[0]
     assert (outcome["status"], outcome["error_kind"], outcome["committable"]) == ("retryable", ERROR_DEAD_LETTER, 5)
     assert "offset=5" in outcome["error"] and "size" in outcome["error"].lower()
+
+
+def test_the_spec_never_shows_the_client_secrets():
+    spec = DeadLetterSpec.of("dlq", {"bootstrap.servers": "b:9092", "sasl.password": "hunter2"})
+    assert "hunter2" not in repr(spec) and "hunter2" not in repr(TaskSpec(
+        DecodeSpec(None, ("id",), "_offset"), None, build_target, "{topic}", "/tmp", 1, 1, "snappy", "dlq",
+        dead_letters=spec))
