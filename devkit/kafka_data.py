@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from confluent_kafka import Producer, TopicPartition
@@ -68,8 +69,11 @@ def produce_orders(
     seed: int = 7,
     partition: int | None = None,
     key_prefix: str = "order",
+    serialize: Callable[[dict, str], bytes] | None = None,
 ) -> int:
-    """Produce `keys * updates` order events; each key's updates go to one partition, in order."""
+    """Produce `keys * updates` order events; each key's updates go to one partition, in order.
+
+    `serialize(value, topic)`: the value's bytes (default: JSON), e.g. Avro for the demo's `--format avro`."""
     rng = random.Random(seed)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": False})
     events = [(f"{key_prefix}-{k}", version) for version in range(updates) for k in range(keys)]
@@ -84,7 +88,8 @@ def produce_orders(
             "note": "x" * rng.randrange(0, 40),
         }
         kwargs = {"partition": partition} if partition is not None else {}
-        producer.produce(topic, key=key.encode(), value=json.dumps(value).encode(), **kwargs)
+        encoded = json.dumps(value).encode() if serialize is None else serialize(value, topic)
+        producer.produce(topic, key=key.encode(), value=encoded, **kwargs)
         workload.latest[(topic, key)] = value
         if n % 5000 == 0:
             producer.poll(0)

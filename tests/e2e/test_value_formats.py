@@ -7,6 +7,8 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import json
+import subprocess
+import sys
 
 import pyarrow.parquet as pq
 import pytest
@@ -17,7 +19,7 @@ from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from devkit.kafka_data import create_topics
-from devkit.service_process import wait_until
+from devkit.service_process import REPO, wait_until
 from local_registry import LocalRegistry
 from tests.e2e.checks import all_committed
 from tests.protobuf_messages import order_class
@@ -169,3 +171,13 @@ def test_protobuf_values_through_a_schema_change(bootstrap, ems, registry, uniqu
     schema = pq.read_schema(ems.uploads(topic)[0]["path"])
     assert str(schema.field("created").type) == "timestamp[us, tz=UTC]"
     assert str(schema.field("big").type) == "decimal128(20, 0)"
+
+
+def test_the_demo_with_avro_runs_to_convergence():
+    """`./scripts/demo.sh --format avro`: orders produced as Avro through a local registry."""
+    result = subprocess.run([sys.executable, "-m", "devkit.demo", "--keys", "300", "--updates", "3", "--format",
+                             "avro"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "local schema registry at http://127.0.0.1:" in result.stdout
+    assert "produced 900 Avro order events" in result.stdout
+    assert "table `orders` holds 300 rows" in result.stdout
