@@ -73,11 +73,12 @@ class AvroDecoder(Decoder):
         self.schema = pa.schema(list(type_)) if self.top_level_record else pa.schema([(VALUE_COLUMN, type_)])
         self.fix = fix
 
-    def decode(self, payload: bytes) -> dict[str, Any]:
-        buffer = io.BytesIO(payload)
+    def decode(self, value: bytes, start: int) -> dict[str, Any]:
+        buffer = io.BytesIO(value)
+        buffer.seek(start)
         value = fastavro.schemaless_reader(buffer, self.avro)
-        if buffer.tell() != len(payload):
-            raise ValueError(f"{len(payload) - buffer.tell()} bytes left after the value")
+        if buffer.tell() != len(buffer.getbuffer()):
+            raise ValueError(f"{len(buffer.getbuffer()) - buffer.tell()} bytes left after the value")
         if self.fix is not None and value is not None:
             value = self.fix(value)
         return value if self.top_level_record else {VALUE_COLUMN: value}

@@ -65,18 +65,18 @@ def parse_protobuf(values: pa.Array, registry: RegistrySettings) -> ParsedValues
     return parse_framed(values, registry, _protobuf_decoder, "invalid_protobuf", message_indexes)
 
 
-def message_indexes(payload: bytes) -> tuple[tuple[int, ...], bytes]:
-    """The message-index path at the start of a payload, and the message's bytes after it."""
-    count, at = _zigzag(payload, 0)
-    if count == 0:
-        return (0,), payload[at:]
+def message_indexes(value: bytes, start: int = 0) -> tuple[tuple[int, ...], int]:
+    """The message-index path at `start` of a value, and where the message's bytes start."""
+    if value[start:start + 1] == b"\x00":  # the usual case: the first message
+        return (0,), start + 1
+    count, at = _zigzag(value, start)
     if count < 0 or count > 64:
         raise ValueError(f"message-index count {count} is not valid")
     indexes = []
     for _ in range(count):
-        index, at = _zigzag(payload, at)
+        index, at = _zigzag(value, at)
         indexes.append(index)
-    return tuple(indexes), payload[at:]
+    return tuple(indexes), at
 
 
 def _zigzag(data: bytes, at: int) -> tuple[int, int]:
@@ -162,9 +162,9 @@ class ProtobufDecoder(Decoder):
                                                                                    strict=True)])
         self._convert = _record([(f, convert) for f, (_, convert) in zip(descriptor.fields, fields, strict=True)])
 
-    def decode(self, payload: bytes) -> dict[str, Any]:
+    def decode(self, value: bytes, start: int) -> dict[str, Any]:
         message = self.message_class()
-        message.ParseFromString(payload)
+        message.ParseFromString(memoryview(value)[start:])
         return self._convert(message)
 
 

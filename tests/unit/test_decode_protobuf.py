@@ -94,8 +94,9 @@ def test_unknown_ids_bad_indexes_and_corrupt_messages_are_bad_records(registry, 
 
 
 def test_message_indexes_follow_the_confluent_encoding():
-    assert message_indexes(b"\x00rest") == ((0,), b"rest")  # the short form of [0]
-    assert message_indexes(b"\x04\x02\x06rest") == ((1, 3), b"rest")  # count 2, then 1 and 3 (zigzag)
+    assert message_indexes(b"\x00rest") == ((0,), 1)  # the short form of [0]; the message starts at 1
+    assert message_indexes(b"\x04\x02\x06rest") == ((1, 3), 3)  # count 2, then 1 and 3 (zigzag)
+    assert message_indexes(b"head\x02\x00rest", 4) == ((0,), 6)  # the long form of [0]
     with pytest.raises(ValueError, match="ends inside"):
         message_indexes(b"\x04\x02")
 
