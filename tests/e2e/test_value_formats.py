@@ -100,7 +100,7 @@ def test_avro_values_and_keys_through_a_schema_change_and_a_registry_outage(
 
     def not_ready_for_the_registry() -> bool:
         answer = service.readiness(port)
-        return answer is not None and answer[0] == 503 and "answered 503 for schema id" in service.output()
+        return answer is not None and answer[0] == 503 and "schema registry" in answer[1]["reason"]
     wait_until(not_ready_for_the_registry, COMMIT_BOUND_S, "readiness false, naming the registry", process=service)
     assert not ems.uploads(topic) and not all_committed(bootstrap, group, topic, 1)
     registry.fail_with = None
