@@ -61,3 +61,21 @@ def key_class() -> type:
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.OrderKey"))
+
+
+def referencing_class() -> type:
+    """`shop.Invoice`, whose `customer` is `shop.Party` imported from another file (a schema reference)."""
+    party = text_format.Parse(
+        'name: "shop/party.proto" package: "shop" syntax: "proto3" message_type { name: "Party" '
+        'field { name: "name" number: 1 type: TYPE_STRING label: LABEL_OPTIONAL } }', FileDescriptorProto())
+    invoice = text_format.Parse(
+        'name: "shop/invoice.proto" package: "shop" syntax: "proto3" dependency: "shop/party.proto" '
+        'message_type { name: "Header" field { name: "x" number: 1 type: TYPE_INT32 label: LABEL_OPTIONAL } } '
+        'message_type { name: "Invoice" field { name: "id" number: 1 type: TYPE_INT64 label: LABEL_OPTIONAL } '
+        'field { name: "customer" number: 2 type: TYPE_MESSAGE type_name: ".shop.Party" label: LABEL_OPTIONAL } '
+        'nested_type { name: "Line" field { name: "sku" number: 1 type: TYPE_STRING label: LABEL_OPTIONAL } } }',
+        FileDescriptorProto())
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(party)
+    pool.Add(invoice)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Invoice"))

@@ -16,7 +16,7 @@ from local_registry import LocalRegistry
 from sink_service.decode import RAW_SCHEMA, DecodeSpec, decode
 from sink_service.decode.protobuf_values import message_indexes
 from sink_service.decode.registry import RegistrySettings
-from tests.protobuf_messages import key_class, order_class
+from tests.protobuf_messages import key_class, order_class, referencing_class
 
 V1, V2, KEY = order_class(1), order_class(2), key_class()
 
@@ -109,3 +109,19 @@ def test_protobuf_keys_fields_become_columns_and_primary_keys(registry, produce)
     assert table.column("k_id").to_pylist() == [7, 8]
     assert chunk.primary_keys == ("k_id",)
     assert table.column("_key").to_pylist() == keys
+
+
+def test_imports_registered_as_references_and_nested_message_types_decode(registry):
+    invoice = referencing_class()
+    line = invoice.Line
+    client = SchemaRegistryClient({"url": registry.url})
+    context = SerializationContext("invoices", MessageField.VALUE)
+    values = [ProtobufSerializer(invoice, client, {"use.deprecated.format": False})(
+                  invoice(id=1, customer={"name": "Ann"}), context),
+              ProtobufSerializer(line, client, {"use.deprecated.format": False})(line(sku="s-1"), context)]
+    assert "shop/party.proto" in client.get_subjects()  # the import went in as a reference
+    chunk = decode(raw_batch(values), spec(registry))
+    assert not chunk.bad_records
+    [table] = chunk.segments
+    assert table.select(["id", "customer", "sku"]).to_pylist() == [
+        {"id": 1, "customer": {"name": "Ann"}, "sku": None}, {"id": None, "customer": None, "sku": "s-1"}]
