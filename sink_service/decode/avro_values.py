@@ -22,6 +22,8 @@ schema derived from the Avro schema (never inferred):
     local-timestamp-millis/micros       timestamp(ms/us) without time zone
     uuid                   string
 
+    a record inside itself   string: its JSON text (a recursive schema, e.g. a tree)
+
 A value that does not decode with its schema is a bad record (`invalid_avro`).
 """
 
@@ -126,6 +128,8 @@ def _logical(schema: dict[str, Any]) -> tuple[pa.DataType, Fix | None] | None:
 
 def _record(schema: dict[str, Any], names: dict[str, tuple[pa.DataType, Fix | None]], namespace: str
             ) -> tuple[pa.DataType, Fix | None]:
+    # Inside its own fields a record that holds itself (a tree) is JSON text: Arrow types are finite.
+    _name(schema, names, namespace, (pa.string(), json_text))
     namespace = schema.get("namespace", namespace)
     fields, fixes = [], {}
     for f in schema["fields"]:

@@ -182,3 +182,20 @@ def test_wrong_credentials_are_an_outage_too(registry, produce, no_backoff):
     wrong = DecodeSpec(None, (), "_offset", value_format="avro", registry=RegistrySettings(registry.url, "sink:nope"))
     with pytest.raises(RegistryUnavailable, match="answered 401"):
         decode(raw_batch(values), wrong)
+
+
+def test_a_record_that_holds_itself_is_json_text_below_the_top(registry, produce):
+    tree = {"type": "record", "name": "Node", "fields": [
+        {"name": "label", "type": "string"}, {"name": "children", "type": {"type": "array", "items": "Node"}}]}
+    value = produce(tree, {"label": "root", "children": [{"label": "leaf", "children": []}]})
+    [table] = decode(raw_batch([value]), spec(registry)).segments
+    assert table.schema.field("children").type == pa.list_(pa.string())
+    assert table.column("children").to_pylist() == [['{"label":"leaf","children":[]}']]
+
+
+def test_each_schema_is_fetched_once_per_worker(registry, produce):
+    values = [produce(ORDER_V1, order(i)) for i in range(5)]
+    before = registry.requests
+    for _ in range(3):
+        decode(raw_batch(values), spec(registry))
+    assert registry.requests - before == 1
