@@ -181,3 +181,43 @@ def test_the_demo_with_avro_runs_to_convergence():
     assert "local schema registry at http://127.0.0.1:" in result.stdout
     assert "produced 900 Avro order events" in result.stdout
     assert "table `orders` holds 300 rows" in result.stdout
+
+
+def test_csv_values_with_a_tab_delimiter_and_a_bad_row(bootstrap, ems, unique, service_env, services):
+    topic, group = unique("csv"), unique("group")
+    create_topics(bootstrap, {topic: 1})
+    values = [b"1\tAnn\t1.50", b'2\t"B\tquoted\nline"\t2', b"3\tbad", b"4\tDan\t"]
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for value in values:
+        producer.produce(topic, partition=0, value=value)
+    producer.flush(30)
+    env = service_env(topic, group, SINK_VALUE_FORMAT="csv", SINK_CSV_COLUMNS="id BIGINT, name STRING, amount DOUBLE",
+                      SINK_CSV_DELIMITER="\\t", SINK_ERROR_POLICY="skip", SINK_METADATA_COLUMNS="none")
+    service = services(env)
+    wait_until(lambda: all_committed(bootstrap, group, topic, 1), COMMIT_BOUND_S, "all offsets committed",
+               process=service)
+    assert service.terminate() == 0
+    assert sorted(ems.table(topic), key=lambda row: row["id"]) == [
+        {"_offset": 0, "id": 1, "name": "Ann", "amount": 1.5},
+        {"_offset": 1, "id": 2, "name": "B\tquoted\nline", "amount": 2.0},
+        {"_offset": 3, "id": 4, "name": "Dan", "amount": None},
+    ]
+    assert "offset=2: invalid CSV: Expected 3 columns, got 2" in service.output()
+
+
+def test_raw_values_are_written_as_they_came(bootstrap, ems, unique, service_env, services):
+    topic, group = unique("raw"), unique("group")
+    create_topics(bootstrap, {topic: 1})
+    values = [b"\x00\x01binary\xff", b"plain text", b'{"not": "parsed"}']
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for n, value in enumerate(values):
+        producer.produce(topic, partition=0, key=f"k{n}".encode(), value=value)
+    producer.flush(30)
+    env = service_env(topic, group, SINK_VALUE_FORMAT="raw", SINK_PRIMARY_KEYS="_key",
+                      SINK_METADATA_COLUMNS="_key")
+    service = services(env)
+    wait_until(lambda: all_committed(bootstrap, group, topic, 1), COMMIT_BOUND_S, "all offsets committed",
+               process=service)
+    assert service.terminate() == 0
+    rows = sorted(ems.table(topic), key=lambda row: row["_key"])
+    assert [(row["_key"], row["value"]) for row in rows] == [(f"k{n}", value) for n, value in enumerate(values)]
