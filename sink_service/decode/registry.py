@@ -26,6 +26,7 @@ import tenacity
 
 from sink_service.decode.column_types import unify, without_empty_structs
 from sink_service.decode.json_values import ParsedValues
+from uploader.masking import mask_userinfo
 
 # What building a decoder from a schema the registry holds can raise when the schema is not one
 # the format reads (fastavro's SchemaParseException is a ValueError; protobuf's errors TypeError).
@@ -84,6 +85,7 @@ class RegistryClient:
 
     def __init__(self, settings: RegistrySettings):
         self.base = settings.url.rstrip("/")
+        self.shown = mask_userinfo(self.base)  # what errors name: never credentials written into the URL
         self.session = requests.Session()
         if settings.basic_auth:
             user, _, password = settings.basic_auth.partition(":")
@@ -116,11 +118,11 @@ class RegistryClient:
         try:
             response = self.session.get(url, params={"format": "serialized"}, timeout=_TIMEOUT_S)
         except requests.RequestException as exc:
-            raise RegistryUnavailable(f"schema registry {self.base} unreachable: {type(exc).__name__}") from None
+            raise RegistryUnavailable(f"schema registry {self.shown} unreachable: {type(exc).__name__}") from None
         if response.status_code == 404:
             raise UnknownSchema(f"{what} is not in the schema registry")
         if response.status_code != 200:
-            raise RegistryUnavailable(f"schema registry {self.base} answered {response.status_code} for {what}: "
+            raise RegistryUnavailable(f"schema registry {self.shown} answered {response.status_code} for {what}: "
                                       f"{response.text[:200]}")
         return response.json()
 

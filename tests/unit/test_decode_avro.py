@@ -199,3 +199,11 @@ def test_each_schema_is_fetched_once_per_worker(registry, produce):
     for _ in range(3):
         decode(raw_batch(values), spec(registry))
     assert registry.requests - before == 1
+
+
+def test_credentials_in_the_registry_url_never_reach_an_error(no_backoff):
+    settings = RegistrySettings("http://sink:url-secret@127.0.0.1:9", "")  # nothing listens on port 9
+    with pytest.raises(RegistryUnavailable) as info:
+        decode(raw_batch([b"\x00\x00\x00\x00\x01\x02"]), DecodeSpec(None, (), "_offset", value_format="avro",
+                                                                    registry=settings))
+    assert "url-secret" not in str(info.value) and "127.0.0.1:9" in str(info.value)
