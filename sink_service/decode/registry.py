@@ -59,7 +59,8 @@ def schema_ids(values: pa.Array, invalid_kind: str) -> tuple[np.ndarray, dict[in
     value is not framed (too short, or no magic byte), with those values' failures. Vectorised: a
     healthy chunk costs no Python loop."""
     offsets = np.frombuffer(values.buffers()[1], dtype=np.int32, count=len(values) + 1, offset=values.offset * 4)
-    data = np.frombuffer(values.buffers()[2], dtype=np.uint8) if len(values) else np.zeros(0, np.uint8)
+    buffer = values.buffers()[2]
+    data = np.frombuffer(buffer, dtype=np.uint8) if buffer is not None and buffer.size else np.zeros(0, np.uint8)
     starts, lengths = offsets[:-1], np.diff(offsets)
     framed = lengths >= HEADER
     at = np.where(framed, starts, 0)
