@@ -34,8 +34,9 @@ DATA_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError)
 
 MAGIC = 0
 HEADER = 5  # magic byte and schema id
-_TIMEOUT_S = 10.0
-_ATTEMPTS = 5  # about 15 s of backoff before a task gives up on the registry
+_TIMEOUT_S = 5.0  # a registry that does not answer within this is down, as a silent broker is
+_ATTEMPTS = 5  # about 8 s of backoff before a task gives up on the registry...
+_GIVE_UP_S = 20.0  # ...or this long, when each attempt waits out the timeout
 
 
 class RegistryUnavailable(Exception):
@@ -111,7 +112,8 @@ class RegistryClient:
                 self._schemas[key] = found
         return found
 
-    @tenacity.retry(retry=tenacity.retry_if_exception(_transient), stop=tenacity.stop_after_attempt(_ATTEMPTS),
+    @tenacity.retry(retry=tenacity.retry_if_exception(_transient),
+                    stop=tenacity.stop_after_attempt(_ATTEMPTS) | tenacity.stop_after_delay(_GIVE_UP_S),
                     wait=tenacity.wait_exponential(multiplier=0.5, max=8), reraise=True)
     def _fetch(self, path: str, what: str) -> dict[str, Any]:
         # `format=serialized`: Protobuf schemas as a base64 FileDescriptorProto, which needs no .proto parser.
