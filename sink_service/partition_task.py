@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from sink_service.dead_letters import DeadLetterError, DeadLetters, DeadLetterSpec
 from sink_service.decode import BadRecord, DecodedChunk, DecodeSpec, decode
 from sink_service.decode.compact import FileCompactor
-from sink_service.decode.registry import RegistryUnavailable
+from sink_service.decode.registry import RegistryRefused, RegistryUnavailable
 from sink_service.kafka_source.admission import Range
 from sink_service.parquet_files import ClosedFile, PartitionFileWriter
 from sink_service.planner_hints import encode_schema
@@ -383,6 +383,9 @@ def process_range(
     except RegistryUnavailable as exc:  # an outage like the broker's: never the records' fault
         processor.writer.abandon()
         o.status, o.error_kind, o.error = STATUS_RETRYABLE, ERROR_READ, str(exc)
+    except RegistryRefused as exc:
+        processor.writer.abandon()
+        o.status, o.error_kind, o.error = STATUS_FATAL, ERROR_READ, str(exc)
     except Exception as exc:  # report, never hide: the driver logs it, replays and counts repeats
         log.exception("range %s failed", rng)
         processor.writer.abandon()

@@ -6,9 +6,10 @@ id (`GET /schemas/ids/{id}`) and kept for the life of the Python worker: an id n
 forever, so the cache never goes stale, and each worker asks once per id.
 
 An id the registry does not know (404) is the record's fault: a bad record (`unknown_schema_id`).
-A registry that cannot answer (connection refused, timeout, 5xx, 429, or refusing the
-credentials) is an outage: retried with backoff, then `RegistryUnavailable`, which the task
-reports as a retryable outage, never as bad records.
+A registry that cannot answer (connection refused, timeout, 5xx, 429) is an outage: retried with
+backoff, then `RegistryUnavailable`, which the task reports as a retryable outage, never as bad
+records. A registry refusing the credentials (401, 403) is `RegistryRefused`, never retried
+(retrying a bad credential can lock the account): the service stops naming the setting.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ _GIVE_UP_S = 20.0  # ...or this long, when each attempt waits out the timeout
 
 class RegistryUnavailable(Exception):
     """The registry did not answer: an outage, retried by replaying the range."""
+
+
+class RegistryRefused(Exception):
+    """The registry refused the credentials: fatal, retrying cannot fix it."""
 
 
 class UnknownSchema(Exception):
@@ -124,6 +129,10 @@ class RegistryClient:
             raise RegistryUnavailable(f"schema registry {self.shown} unreachable: {type(exc).__name__}") from None
         if response.status_code == 404:
             raise UnknownSchema(f"{what} is not in the schema registry")
+        if response.status_code in (401, 403):
+            raise RegistryRefused(
+                f"schema registry {self.shown} refused the credentials ({response.status_code}) for {what}: check "
+                "SINK_SCHEMA_REGISTRY_BASIC_AUTH (`user:password`) and the registry's permissions for this user")
         if response.status_code != 200:
             raise RegistryUnavailable(f"schema registry {self.shown} answered {response.status_code} for {what}: "
                                       f"{response.text[:200]}")

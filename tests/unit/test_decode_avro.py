@@ -18,7 +18,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from local_registry import LocalRegistry
 from sink_service.decode import RAW_SCHEMA, DecodeSpec, decode
-from sink_service.decode.registry import RegistryClient, RegistrySettings, RegistryUnavailable
+from sink_service.decode.registry import RegistryClient, RegistryRefused, RegistrySettings, RegistryUnavailable
 from sink_service.kafka_source.admission import Range
 from sink_service.partition_task import ERROR_READ, TaskSpec, process_range
 from sink_service.targets import build_target
@@ -177,11 +177,21 @@ def test_a_registry_that_does_not_answer_is_an_outage_not_a_bad_record(registry,
     assert (outcome["status"], outcome["records_uploaded"]) == ("ok", 1)
 
 
-def test_wrong_credentials_are_an_outage_too(registry, produce, no_backoff):
+def test_wrong_credentials_stop_the_service_without_retrying(registry, produce, tmp_path: Path):
+    # Retrying a refused credential can lock the account: one request, then a fatal outcome naming the setting.
     values = [produce(ORDER_V1, order(1))]
     wrong = DecodeSpec(None, (), "_offset", value_format="avro", registry=RegistrySettings(registry.url, "sink:nope"))
-    with pytest.raises(RegistryUnavailable, match="answered 401"):
+    requests_before = registry.requests
+    with pytest.raises(RegistryRefused, match="SINK_SCHEMA_REGISTRY_BASIC_AUTH"):
         decode(raw_batch(values), wrong)
+    assert registry.requests - requests_before == 1
+    task = TaskSpec(decode=wrong, target_settings=DirectorySettings(
+        path=str(tmp_path / "out"), retry=RetryPolicy(max_elapsed_s=1)), build_target=build_target,
+        table_template="{topic}", scratch_dir=str(tmp_path / "scratch"), flush_bytes=1 << 30, flush_records=10,
+        compression="snappy", error_policy="skip")
+    outcome = process_range(task, Range("orders", 3, 100, 101), lambda _rng: iter([raw_batch(values)])).to_pylist()[0]
+    assert (outcome["status"], outcome["committable"], outcome["bad_records"]) == ("fatal", 100, 0)
+    assert "SINK_SCHEMA_REGISTRY_BASIC_AUTH" in outcome["error"] and "nope" not in outcome["error"]
 
 
 def test_a_record_that_holds_itself_is_json_text_below_the_top(registry, produce):
