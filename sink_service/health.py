@@ -10,12 +10,13 @@ Prometheus exposition; executors POST their upload signals to the same server.
 from __future__ import annotations
 
 import json
-import signal
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from sink_service.stop_signals import stop_signals_held
 
 MetricsRenderer = Callable[[], tuple[bytes, str]]  # -> (body, content type)
 SignalReceiver = Callable[[bytes], int]  # request body -> HTTP status
@@ -99,19 +100,17 @@ class HealthServer:
                  signals: tuple[str, SignalReceiver] | None = None):
         self._server = ThreadingHTTPServer(("0.0.0.0", port), _handler(health, metrics, signals))
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._serve, name="health-http", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="health-http", daemon=True)
 
     @property
     def port(self) -> int:
         return self._server.server_address[1]
 
     def start(self) -> None:
-        self._thread.start()
-
-    def _serve(self) -> None:
-        # Stop signals are the main thread's (see `pipeline.start_spark`); the request threads inherit this.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-        self._server.serve_forever()
+        # Stop signals are the main thread's (see `pipeline.start_spark`): this thread and the request
+        # threads it starts inherit a mask that blocks them, from their first instruction on.
+        with stop_signals_held():
+            self._thread.start()
 
     def stop(self) -> None:
         self._server.shutdown()

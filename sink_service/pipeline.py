@@ -44,6 +44,7 @@ from sink_service.offset_commit import ContiguousCommits, RangeOutcome
 from sink_service.partition_task import ERROR_PROCESSING, STATUS_FATAL, STATUS_OK, TaskSpec
 from sink_service.planner_hints import PlannerHints
 from sink_service.repeated_failures import Failure, RepeatedFailures, Streak
+from sink_service.stop_signals import stop_signals_held
 from sink_service.targets import build_target, target_settings
 from sink_service.upload_signals import NO_SIGNALS, SIGNAL_PATH, LiveUploads, SignalChannel
 
@@ -107,13 +108,12 @@ def start_spark(config: SinkConfig, extra_java_options: Sequence[str] = ()) -> S
     # blocked signal) and reaches the service's handler once restored: a stop requested while Spark
     # starts is not lost. No other thread of this process may take it: they block it too (the
     # health server's) or are librdkafka's, which block all signals.
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        spark = builder.getOrCreate()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    with stop_signals_held():
+        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            spark = builder.getOrCreate()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     spark.sparkContext.setLogLevel(config.spark_log_level)
     spark.dataSource.register(KafkaRangeDataSource)
     return spark
