@@ -51,6 +51,7 @@ from sink_service.upload_signals import NO_SIGNALS, SIGNAL_PATH, LiveUploads, Si
 log = logging.getLogger("sink_service.pipeline")
 
 LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
+DRIVER_HEAP = "512m"  # the driver JVM's heap cap: it plans and commits, records never enter it
 BROKER_ANSWER_S = 5.0  # a broker check without an answer for this long marks the broker unreachable
 
 
@@ -81,8 +82,11 @@ def start_spark(config: SinkConfig, extra_java_options: Sequence[str] = ()) -> S
     os.environ["TMPDIR"] = str(temp)
     tempfile.tempdir = str(temp)
     # The prepared home and class archive are this machine's: a cluster's executors have their own.
-    driver_options = [*jvm_options, f"-Djava.io.tmpdir={temp}", *spark_home.activate(config.spark_class_archive),
-                      *extra_java_options]
+    # Its live heap stays near 55 MB (GC log); the default heap (1/64 of the host's memory to start,
+    # 1 GB at most) let the JVM alone reach 830 MB in one 4M-record drain. Small to start, capped at
+    # DRIVER_HEAP: 413 -> 336 MB of JVM RSS on a 1M drain, and no run above the documented bound.
+    driver_options = [*jvm_options, "-Xms64m", f"-Djava.io.tmpdir={temp}",
+                      *spark_home.activate(config.spark_class_archive), *extra_java_options]
     builder = (
         SparkSession.builder.master(config.spark_master)
         .appName("kafka-parquet-sink")
@@ -92,6 +96,7 @@ def start_spark(config: SinkConfig, extra_java_options: Sequence[str] = ()) -> S
         .config("spark.sql.adaptive.enabled", "false")  # not used by streaming; avoids a warning per query
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.streaming.stopActiveRunOnRestart", "true")
+        .config("spark.driver.memory", DRIVER_HEAP)
         .config("spark.driver.extraJavaOptions", " ".join(driver_options))
         .config("spark.executor.extraJavaOptions", " ".join(jvm_options))
         .config("spark.local.dir", str(Path(config.scratch_dir) / "spark-local"))
