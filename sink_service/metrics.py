@@ -6,6 +6,7 @@ cluster without a push gateway: the driver is the single place that counts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Mapping
@@ -22,6 +23,7 @@ class SinkMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self._repeating: set[TP] = set()
+        self._reported: set[TP] = set()  # partitions with per-partition gauges
         self.records_read = Counter("sink_records_read_total", "Kafka records read by tasks.", _TP, registry=r)
         self.records_written = Counter(
             "sink_records_written_total", "Records written into Parquet files.", _TP, registry=r)
@@ -70,6 +72,9 @@ class SinkMetrics:
         self.oldest_upload_age = Gauge(
             "sink_upload_oldest_inflight_age_seconds",
             "Age of the oldest upload in flight, from the executors' live signals; 0 when none.", registry=r)
+        self.assigned_partitions = Gauge(
+            "sink_assigned_partitions", "Partitions the consumer group assigned to this instance; 0 on a "
+            "standby (more instances than partitions).", registry=r)
         self.repeated_failures = Gauge(
             "sink_repeated_failures", "Replays in a row that failed at the same offset with the same "
             "error (not outages); the service stops at SINK_MAX_IDENTICAL_FAILURES.", _TP, registry=r)
@@ -98,6 +103,7 @@ class SinkMetrics:
 
     def record_commits(self, commits: Mapping[TP, int]) -> None:
         now = time.time()
+        self._reported |= commits.keys()
         for (topic, partition), offset in commits.items():
             self.last_commit.labels(topic, str(partition)).set(now)
             self.committed_offset.labels(topic, str(partition)).set(offset)
@@ -105,13 +111,29 @@ class SinkMetrics:
     def record_repeated_failures(self, times: Mapping[TP, int]) -> None:
         for tp in self._repeating - times.keys():
             self.repeated_failures.labels(tp[0], str(tp[1])).set(0)
+        self._reported |= times.keys()
         for (topic, partition), count in times.items():
             self.repeated_failures.labels(topic, str(partition)).set(count)
         self._repeating = set(times)
 
+    def keep_partitions(self, assigned: frozenset[TP] | set[TP]) -> None:
+        """Drop the per-partition gauges of partitions the group moved to another instance.
+
+        Only a partition's current owner reports its lag, position and commit time, so sums across
+        replicas stay right; the owner's own series survive a replay (the no-commit alert needs them).
+        """
+        gauges = (self.lag, self.pending_records, self.pending_age, self.last_commit, self.committed_offset,
+                  self.repeated_failures)
+        for topic, partition in self._reported - set(assigned):
+            for gauge in gauges:
+                with contextlib.suppress(KeyError):  # this partition never had that series
+                    gauge.remove(topic, str(partition))
+        self._reported &= set(assigned)
+
     def record_lag(self, committed: Mapping[TP, int], latest: Mapping[TP, int]) -> None:
         for tp, end in latest.items():
             if tp in committed:
+                self._reported.add(tp)
                 self.lag.labels(tp[0], str(tp[1])).set(max(0, end - committed[tp]))
 
     def record_admission(self, state_path: Path) -> None:
@@ -123,6 +145,7 @@ class SinkMetrics:
         now = time.time()
         for key, (pending, since) in state.get("partitions", {}).items():
             topic, _, partition = key.rpartition(":")
+            self._reported.add((topic, int(partition)))
             self.pending_records.labels(topic, partition).set(pending)
             self.pending_age.labels(topic, partition).set(max(0.0, now - since) if pending and since else 0.0)
 

@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from confluent_kafka import KafkaException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -38,7 +39,8 @@ from sink_service.kafka_source.datasource import (
     KafkaRangeDataSource,
     SourceOptions,
 )
-from sink_service.kafka_source.offsets import KafkaOffsets, TopicSelection, nest
+from sink_service.kafka_source.membership import CommitRefused, GroupMembership, instance_id
+from sink_service.kafka_source.offsets import KafkaOffsets, nest
 from sink_service.metrics import SinkMetrics
 from sink_service.offset_commit import ContiguousCommits, RangeOutcome
 from sink_service.partition_task import ERROR_PROCESSING, STATUS_FATAL, STATUS_OK, TaskSpec
@@ -53,6 +55,8 @@ log = logging.getLogger("sink_service.pipeline")
 LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
 DRIVER_HEAP = "512m"  # the driver JVM's heap cap: it plans and commits, records never enter it
 BROKER_ANSWER_S = 5.0  # a broker check without an answer for this long marks the broker unreachable
+ASSIGNMENT_WAIT_S = 60.0  # joining the group takes a few seconds; longer means the broker is not answering
+REVOKE_WAIT_S = 120.0  # a rebalance waits this long for the batch in flight to upload and commit
 
 
 class BatchIncomplete(Exception):
@@ -134,9 +138,15 @@ class Pipeline:
         self.health = health
         self.client_config = {"bootstrap.servers": config.kafka_bootstrap_servers, **config.kafka_options}
         self.kafka = KafkaOffsets(self.client_config, config.group_id)
-        self.selection = TopicSelection(config.topics, config.topic_pattern)
         self.stopping = threading.Event()
         self.batch_running = threading.Event()
+        self.membership = GroupMembership(
+            self.client_config, config.group_id,
+            list(config.topics) if config.topics else [f"^({config.topic_pattern})$"],  # a full match
+            config.topic_refresh_interval_ms, batch_idle=lambda: not self.batch_running.is_set(),
+            revoke_wait_s=REVOKE_WAIT_S, instance_id=instance_id(config.scratch_dir),
+            on_change=lambda assigned: metrics.assigned_partitions.set(len(assigned or ())))
+        self._epoch = -1  # the membership epoch the running query was planned at
         self.fatal_error: str | None = None
         self.failure = ""  # why the last micro-batch of this query failed, for readiness
         self._commits: ContiguousCommits | None = None
@@ -182,14 +192,28 @@ class Pipeline:
             dead_letters=DeadLetterSpec.of(config.dlq_topic, self.client_config) if config.dlq_topic else None,
         )
 
+    def assignment_changed(self) -> bool:
+        """The group moved partitions since the query started: it must restart on the new ones."""
+        return self.membership.epoch != self._epoch
+
     def start_query(self) -> StreamingQuery:
-        """Start from the consumer group's committed offsets (checked against retention)."""
+        """Plan the partitions the group assigned, from its committed offsets (checked against retention)."""
         c = self.config
-        tps = self.kafka.partitions(self.selection)
+        settled = self.membership.wait_assignment(ASSIGNMENT_WAIT_S)
+        if settled is None:
+            raise KafkaException(f"consumer group {c.group_id} assigned no partitions within {ASSIGNMENT_WAIT_S:.0f}s")
+        assigned, self._epoch = settled
+        tps = sorted(assigned)
+        self.metrics.keep_partitions(assigned)  # partitions now owned elsewhere report there
+        (self.state_dir / PENDING_STATE_FILE).unlink(missing_ok=True)
         # Only partitions present at the service's first start follow SINK_STARTING_OFFSETS (a
         # `latest` position is committed then); any found later starts at its earliest offset.
         starting = c.starting_offsets if not self._started_once else "earliest"
-        positions = self.kafka.resolve_start(tps, starting, c.retention_gap_policy)
+        try:
+            positions = self.kafka.resolve_start(tps, starting, c.retention_gap_policy,
+                                                 commit=lambda resolved: self.membership.commit(resolved, self._epoch))
+        except CommitRefused as exc:
+            raise KafkaException(f"start positions not committed, the group is rebalancing: {exc}") from exc
         self._started_once = True
         self.health.update(broker_ok=True)
         self._commits = ContiguousCommits(positions)
@@ -201,8 +225,6 @@ class Pipeline:
         options = SourceOptions(
             client_config=self.client_config,
             group_id=c.group_id,
-            topics=c.topics,
-            topic_pattern=c.topic_pattern,
             starting_offsets=c.starting_offsets,
             starting_positions=nest(positions),
             flush_records=c.flush_records,
@@ -210,7 +232,6 @@ class Pipeline:
             flush_interval_ms=c.flush_interval_ms,
             max_files_per_batch=c.max_files_per_batch,
             first_batch_files=self.spark.sparkContext.defaultParallelism,
-            topic_refresh_interval_ms=c.topic_refresh_interval_ms,
             retention_gap_policy=c.retention_gap_policy,
             read_batch_max_bytes=c.read_batch_max_bytes,
             state_dir=str(self.state_dir),
@@ -236,7 +257,10 @@ class Pipeline:
     def _on_batch(self, batch: DataFrame, batch_id: int) -> None:
         if self.stopping.is_set():
             return  # shutting down: admit nothing new; Kafka still holds it
-        self.batch_running.set()
+        self.batch_running.set()  # before the ownership check: a rebalance waits for it, or is seen here
+        if not self.membership.owns(self._epoch):
+            self.batch_running.clear()
+            return  # the partitions are moving: the query restarts on the new assignment
         started = time.monotonic()
         result = "failed"
         try:
@@ -255,7 +279,12 @@ class Pipeline:
         ]
         moved = self._moved_elsewhere({o.tp for o in outcomes})
         commits, gaps = self._commits.advance([o for o in outcomes if o.tp not in moved])
-        self.kafka.commit(commits)
+        try:
+            self.membership.commit(commits, self._epoch)
+        except CommitRefused as exc:
+            log.warning("batch %d: commit refused, the partitions moved to another member (%s); "
+                        "restarting on the new assignment", batch_id, exc)
+            raise BatchIncomplete(f"commit refused: {exc}") from exc
         self.metrics.record_commits(commits)
         if commits:
             self.health.update(last_commit_at=time.time())
@@ -298,16 +327,12 @@ class Pipeline:
     def _moved_elsewhere(self, tps: set[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
         """Partitions whose committed offset differs from the one this service last committed.
 
-        The service commits without group membership, so the broker accepts an offset reset from
-        Kafka tooling while it runs. Such a reset is followed (the query restarts from it), never
-        overwritten by this service's next commit. Partitions found during this query learn their
-        position here.
+        A broker that enforces group membership refuses an offset reset from Kafka tooling while
+        this member is active; one that accepts it (noida-db) gets it followed (the query restarts
+        from it), never overwritten by this service's next commit.
         """
         committed = self.kafka.committed(tps)
         positions = self._commits.positions
-        for tp in tps - positions.keys():
-            if tp in committed:
-                positions[tp] = committed[tp]
         moved = {tp: (positions[tp], committed[tp]) for tp in tps
                  if tp in committed and tp in positions and committed[tp] != positions[tp]}
         for (topic, partition), (was, now) in sorted(moved.items()):

@@ -76,12 +76,15 @@ class SinkService:
         spark = start_spark(self.config)
         try:
             self._pipeline = Pipeline(self.config, spark, self.health, self.metrics, self.live_uploads)
+            self._pipeline.membership.start()
             monitor = threading.Thread(target=self._monitor_offsets, name="offset-monitor", daemon=True)
             monitor.start()
             if self._stop_requested.is_set():
                 self._pipeline.stopping.set()
             return self._supervise(self._pipeline)
         finally:
+            if self._pipeline is not None:
+                self._pipeline.membership.close()  # after the drain: leave the group, partitions move at once
             spark.stop()
             scratch.release()
             if server is not None:
@@ -119,7 +122,7 @@ class SinkService:
                 continue
             self.health.update(query_running=True)
             pipeline.refresh_offset_metrics()  # lag from the first moment, not after the monitor's first tick
-            while query.isActive and not self._stop_requested.is_set():
+            while query.isActive and not self._stop_requested.is_set() and not pipeline.assignment_changed():
                 try:
                     query.awaitTermination(0.5)
                 except StreamingQueryException:
@@ -129,6 +132,10 @@ class SinkService:
             self.health.update(query_running=False)
             if self._stop_requested.is_set():
                 return self._drain(pipeline, query)
+            if pipeline.assignment_changed():
+                query.stop()  # no batch of the old assignment is running: the rebalance waited for it
+                log.info("the group's assignment changed; restarting the query on it")
+                continue
             if pipeline.fatal_error is not None:
                 log.error("stopping: %s", pipeline.fatal_error)
                 return EXIT_FATAL

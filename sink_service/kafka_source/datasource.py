@@ -21,7 +21,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadLimit
 
 from sink_service.kafka_source.admission import Admission, Range, Thresholds
-from sink_service.kafka_source.offsets import KafkaOffsets, OffsetGapError, TopicSelection, flatten, nest
+from sink_service.kafka_source.offsets import KafkaOffsets, OffsetGapError, flatten, nest
 from sink_service.kafka_source.range_reader import consumer_config, read_range
 from sink_service.partition_task import RESULT_SCHEMA_DDL, TaskSpec, process_range
 from sink_service.planner_hints import PlannerHints, decode_schema
@@ -38,16 +38,15 @@ class SourceOptions:
 
     client_config: dict[str, str]
     group_id: str
-    topics: tuple[str, ...]
-    topic_pattern: str | None
     starting_offsets: str
-    starting_positions: dict[str, dict[str, int]]  # resolved by the driver right before start
+    # The partitions the consumer group assigned this instance, resolved by the driver right before
+    # start: the query plans exactly these. New topics and partitions arrive by a rebalance.
+    starting_positions: dict[str, dict[str, int]]
     flush_records: int
     flush_bytes: int
     flush_interval_ms: int
     max_files_per_batch: int
     first_batch_files: int  # the executor cores: one wave of tasks
-    topic_refresh_interval_ms: int
     retention_gap_policy: str
     read_batch_max_bytes: int
     state_dir: str  # planner <-> driver hints (size estimates, pending state); never needed for correctness
@@ -65,9 +64,7 @@ class SourceOptions:
 
     @classmethod
     def from_option(cls, text: str) -> SourceOptions:
-        data = json.loads(text)
-        data["topics"] = tuple(data["topics"])
-        return cls(**data)
+        return cls(**json.loads(text))
 
 
 class KafkaRangePartition(InputPartition):
@@ -94,7 +91,6 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
         self.options = options
         self._offsets: KafkaOffsets | None = None  # created lazily: executors never need it
         self._admission: Admission | None = None
-        self._refreshed_at = 0.0
         self._hints = PlannerHints()
         self._hints_read_at = 0.0
 
@@ -118,25 +114,6 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
     def initialOffset(self) -> dict:
         return self.options.starting_positions
 
-    def _discover(self, start: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
-        """Start positions of topics and partitions that appeared since the query started.
-
-        They start at their committed offset, else at their earliest: records they held when
-        found were produced after the service started, whatever SINK_STARTING_OFFSETS says.
-        """
-        now = time.monotonic()
-        if now - self._refreshed_at < self.options.topic_refresh_interval_ms / 1000:
-            return {}
-        self._refreshed_at = now
-        kafka = self._kafka()
-        selection = TopicSelection(self.options.topics, self.options.topic_pattern)
-        new = [tp for tp in kafka.partitions(selection) if tp not in start]
-        if not new:
-            return {}
-        positions = kafka.resolve_start(new, "earliest", self.options.retention_gap_policy)
-        log.info("discovered %d new partition(s): %s", len(new), positions)
-        return positions
-
     def _read_hints(self) -> PlannerHints:
         """What the driver learned from finished ranges (sizes, column types); hints only."""
         now = time.monotonic()
@@ -148,13 +125,9 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         kafka = self._kafka()
         current = flatten(start)
-        found = self._discover(current)
         available = kafka.latest(current)
         _check_log_ends(current, available)
         end = self._admission.plan(current, available, time.time(), self._read_hints().bytes_per_record)
-        # Spark reads this batch from the previous end offsets, which do not hold the partitions
-        # just found: they enter at their start position and are admitted from the next batch on.
-        end.update(found)
         self._publish_pending(current, available, end)
         return nest(end)
 

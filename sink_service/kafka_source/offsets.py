@@ -1,15 +1,13 @@
 """Offsets as Kafka knows them: topics, watermarks and the consumer group's committed offsets.
 
-The consumer group's committed offsets are the service's only record of progress, so reading
-where to start and committing what was uploaded both go through this one module.
+The consumer group's committed offsets are the service's only record of progress: this module
+reads them (and where to start); the group member (`membership.py`) commits.
 """
 
 from __future__ import annotations
 
 import logging
-import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
 
 from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
@@ -27,17 +25,6 @@ class OffsetGapError(Exception):
     deleted and recreated under the same name: once the new log grows past the old position, the
     offsets in between would be skipped without a word.
     """
-
-
-@dataclass(frozen=True)
-class TopicSelection:
-    topics: tuple[str, ...]
-    pattern: str | None
-
-    def matches(self, topic: str) -> bool:
-        if self.pattern is not None:
-            return not topic.startswith("__") and re.fullmatch(self.pattern, topic) is not None
-        return topic in self.topics
 
 
 def flatten(nested: Mapping[str, Mapping[str, int]]) -> dict[TP, int]:
@@ -58,19 +45,6 @@ class KafkaOffsets:
     def __init__(self, client_config: Mapping[str, str], group_id: str):
         self._admin = AdminClient(dict(client_config))
         self._group_id = group_id
-
-    def partitions(self, selection: TopicSelection) -> list[TP]:
-        metadata = self._admin.list_topics(timeout=_TIMEOUT_S)
-        found = [
-            (name, p)
-            for name, topic in metadata.topics.items()
-            if topic.error is None and selection.matches(name)
-            for p in topic.partitions
-        ]
-        missing = [t for t in selection.topics if t not in metadata.topics]
-        if missing:
-            log.warning("topics not found (yet): %s", ", ".join(missing))
-        return sorted(found)
 
     def _list_offsets(self, tps: Iterable[TP], spec: OffsetSpec) -> dict[TP, int]:
         request = {TopicPartition(t, p): spec for t, p in tps}
@@ -100,7 +74,11 @@ class KafkaOffsets:
         return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions if tp.offset >= 0}
 
     def commit(self, offsets: Mapping[TP, int]) -> None:
-        """Commit `next offset to read` per partition; raises if the broker refuses any."""
+        """Commit `next offset to read` as Kafka tooling does, from outside the group; raises if refused.
+
+        The service itself commits through its group member (`membership.py`); tests use this
+        to act as an operator's offset reset.
+        """
         if not offsets:
             return
         request = [TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())]
@@ -112,7 +90,8 @@ class KafkaOffsets:
         if errors:
             raise KafkaException(f"commit refused for {errors}")
 
-    def resolve_start(self, tps: list[TP], starting: str, gap_policy: str) -> dict[TP, int]:
+    def resolve_start(self, tps: list[TP], starting: str, gap_policy: str,
+                      commit: Callable[[Mapping[TP, int]], None]) -> dict[TP, int]:
         """Where each partition starts: its committed offset, else `starting`; checks the log's bounds.
 
         A `latest` position is committed as soon as it is resolved: otherwise the next query (a
@@ -121,6 +100,9 @@ class KafkaOffsets:
         commits nothing; `skip` restarts the partition at its earliest available offset, commits
         that and logs `RECORDS LOST`.
         """
+        # The group may assign partitions newer than this client's cached metadata, and offset
+        # lookups for those fail (unknown partition) until it is refreshed.
+        self._admin.list_topics(timeout=_TIMEOUT_S)
         committed = self.committed(tps)
         low = self.earliest(tps)
         high = self.latest(tps)
@@ -155,5 +137,5 @@ class KafkaOffsets:
             log.error("RECORDS LOST: %s. Restarting from the earliest available offset because "
                       "SINK_RETENTION_GAP_POLICY=skip.", where)
         if resolved:
-            self.commit(resolved)
+            commit(resolved)  # through the group member: a broker refuses others while it is active
         return start

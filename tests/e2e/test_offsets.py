@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from devkit.kafka_data import Workload, committed_offsets, create_topics, produce_orders
@@ -74,7 +74,8 @@ def test_retention_gap_skip_is_explicit_and_loud(bootstrap, ems, unique, service
     assert sorted(int(r["id"]) for r in ems.table(topic)) == list(range(50, 100))
 
 
-def test_an_offset_reset_while_running_is_followed_not_overwritten(bootstrap, ems, unique, service_env, services):
+def test_an_offset_reset_while_running_is_refused_or_followed_never_overwritten(
+        bootstrap, ems, unique, service_env, services):
     topic, group = unique("reset"), unique("group")
     create_topics(bootstrap, {topic: 1})
     workload = Workload()
@@ -83,11 +84,21 @@ def test_an_offset_reset_while_running_is_followed_not_overwritten(bootstrap, em
     wait_until(lambda: all_committed(bootstrap, group, topic, 1), 60, "the first commits", process=service)
     first_uploads = len(ems.uploads(topic))
     # An operator rewinds the group with Kafka tooling while the service runs, then data arrives.
-    KafkaOffsets({"bootstrap.servers": bootstrap}, group).commit({(topic, 0): 0})
+    # The service is an active group member: a broker refuses the reset (noida-db does, with
+    # UNKNOWN_MEMBER_ID); one that accepts it must see it followed.
+    try:
+        KafkaOffsets({"bootstrap.servers": bootstrap}, group).commit({(topic, 0): 0})
+        refused = False
+    except KafkaException as exc:
+        assert "UNKNOWN_MEMBER_ID" in str(exc) or "NON_EMPTY_GROUP" in str(exc), exc
+        refused = True
     produce_orders(bootstrap, topic, keys=300, updates=1, workload=workload, seed=5, key_prefix="later")
     wait_until(lambda: all_committed(bootstrap, group, topic, 1) and table_matches(ems, topic, workload), 60,
-               "delivery from the reset position", process=service)
+               "delivery after the reset attempt", process=service)
     assert service.terminate() == 0
-    assert "committed offset moved from 300 to 0 outside this service" in service.output()
     replayed = [u for u in ems.uploads(topic)[first_uploads:] if "_firstOffset-0_" in u["fileName"]]
-    assert replayed, "the records from the reset position on were not delivered again"
+    if refused:
+        assert committed_offsets(bootstrap, group, topic, 1) == {0: 600} and not replayed
+    else:
+        assert "committed offset moved from 300 to 0 outside this service" in service.output()
+        assert replayed, "the records from the reset position on were not delivered again"

@@ -1,0 +1,194 @@
+"""Consumer group membership: which partitions this instance owns, and commits the broker can fence.
+
+Instances started with one SINK_GROUP_ID share the partitions the way Kafka consumers do: each
+joins the group with a consumer that never fetches (its partitions stay paused; records are read
+by the executors) and plans only the partitions the group assigned it. Commits go through this
+member, so the broker refuses them from a member that no longer holds the group's generation.
+
+Every call on the consumer runs on one thread: confluent-kafka's synchronous commit from another
+thread hangs while that thread is inside poll() (seen with noida-db). The batch thread hands its
+commit over and waits for the answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+log = logging.getLogger(__name__)
+
+TP = tuple[str, int]
+POLL_S = 0.05  # how long a commit may wait for the member thread; also its callback latency
+ANSWER_S = 30.0  # a commit without an answer for this long counts as refused
+DEFAULT_SESSION_TIMEOUT_MS = "10000"  # a killed instance's partitions move after this long
+
+
+class CommitRefused(Exception):
+    """The partitions are no longer this member's: they moved, or are moving, to another one."""
+
+
+@dataclass
+class _CommitRequest:
+    offsets: dict[TP, int]
+    epoch: int
+    done: threading.Event = field(default_factory=threading.Event)
+    error: Exception | None = None
+
+
+def instance_id(scratch_path: str) -> str:
+    """Stable across restarts of one instance (same host, same scratch area), distinct between replicas."""
+    return f"{socket.gethostname()}-{hashlib.sha256(scratch_path.encode()).hexdigest()[:12]}"
+
+
+class GroupMembership:
+    """The group's assignment, changed only on the member thread; `epoch` counts the changes."""
+
+    def __init__(self, client_config: Mapping[str, str], group_id: str, subscription: list[str],
+                 refresh_interval_ms: int, batch_idle: Callable[[], bool], revoke_wait_s: float,
+                 instance_id: str, on_change: Callable[[frozenset[TP] | None], None] = lambda _assigned: None):
+        config = {
+            "session.timeout.ms": DEFAULT_SESSION_TIMEOUT_MS,
+            # Static membership: an instance restarted after kill -9 takes its place back at once.
+            # noida-db never drops a dead dynamic member, so without it the group would stay stuck.
+            "group.instance.id": instance_id,
+            # Eager: a rebalance revokes everything and the query restarts from the new assignment,
+            # which it does for any change anyway; it behaves the same on every broker tried.
+            "partition.assignment.strategy": "roundrobin",
+            **client_config,
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "topic.metadata.refresh.interval.ms": refresh_interval_ms,  # new topics and partitions
+        }
+        self._consumer = Consumer(config)
+        self._subscription = subscription
+        self._group_id = group_id
+        self._last_error: int | None = None
+        self._batch_idle = batch_idle
+        self._revoke_wait_s = revoke_wait_s
+        self._on_change = on_change
+        self._requests: queue.Queue[_CommitRequest] = queue.Queue()
+        self._closing = threading.Event()
+        self._assigned_event = threading.Event()
+        self.assigned: frozenset[TP] | None = None  # None while a rebalance is in progress
+        self.epoch = 0
+        self.revoking = False
+        self._thread = threading.Thread(target=self._run, name="group-member", daemon=True)
+
+    def start(self) -> None:
+        self._consumer.subscribe(self._subscription, on_assign=self._assign, on_revoke=self._revoke)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop being a member; the last thing the service does with Kafka."""
+        self._closing.set()
+        self._thread.join(ANSWER_S)
+
+    def wait_assignment(self, timeout_s: float) -> tuple[frozenset[TP], int] | None:
+        """The settled assignment and its epoch; None if the group gave none within the timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not self._closing.is_set():
+            assigned, epoch = self.assigned, self.epoch
+            if assigned is not None and not self.revoking:
+                return assigned, epoch
+            self._assigned_event.wait(0.1)
+        return None
+
+    def owns(self, epoch: int) -> bool:
+        """True while the assignment planned at `epoch` is still this member's."""
+        return epoch == self.epoch and not self.revoking
+
+    def commit(self, offsets: Mapping[TP, int], epoch: int) -> None:
+        """Commit through the member; raises CommitRefused if the partitions are no longer ours."""
+        if not offsets:
+            return
+        request = _CommitRequest(dict(offsets), epoch)
+        self._requests.put(request)
+        if not request.done.wait(ANSWER_S):
+            raise CommitRefused(f"no answer to the commit within {ANSWER_S:.0f}s")
+        if request.error is not None:
+            raise request.error
+
+    # --- the member thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._closing.is_set():
+            self._serve_commits()
+            message = self._consumer.poll(POLL_S)  # never a record: every assigned partition is paused
+            if message is not None and message.error() is not None:
+                self._report(message.error())
+        self._serve_commits()
+        # Revokes (the drain already ended the batch). A static member does not leave the group: its
+        # partitions move after the session timeout, or at once to this instance restarted.
+        self._consumer.close()
+        self._serve_commits()
+
+    def _report(self, error: KafkaError) -> None:
+        """Subscription errors (e.g. a topic that does not exist) once each: with none of its topics
+        found, an instance is an idle standby, which must not look like health."""
+        if error.code() != self._last_error:
+            self._last_error = error.code()
+            log.warning("consumer group %s: %s", self._group_id, error.str())
+
+    def _serve_commits(self) -> None:
+        while True:
+            try:
+                request = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self._commit(request)
+            except Exception as exc:  # handed to the batch thread, which decides
+                request.error = exc
+            request.done.set()
+
+    def _commit(self, request: _CommitRequest) -> None:
+        assigned = self.assigned or frozenset()
+        stray = sorted(tp for tp in request.offsets if tp not in assigned)
+        if request.epoch != self.epoch or stray:
+            # The broker checks the generation, not who owns a partition: check both here.
+            raise CommitRefused(f"the assignment changed since this batch was planned (not ours: {stray})")
+        try:
+            results = self._consumer.commit(
+                offsets=[TopicPartition(t, p, o) for (t, p), o in sorted(request.offsets.items())],
+                asynchronous=False)
+        except KafkaException as exc:  # ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS...
+            raise CommitRefused(f"the broker refused the commit: {exc.args[0]}") from exc
+        errors = [tp for tp in results or [] if tp.error is not None]
+        if errors:
+            raise CommitRefused(f"the broker refused the commit: {errors}")
+
+    def _assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        consumer.assign(partitions)
+        consumer.pause(partitions)  # the executors read; this member only holds the partitions
+        self.epoch += 1  # before the assignment: a reader of both never pairs the new one with an old epoch
+        self.assigned = frozenset((tp.topic, tp.partition) for tp in partitions)
+        log.info("group assignment: %d partition(s) %s", len(self.assigned),
+                 ", ".join(f"{t}:{p}" for t, p in sorted(self.assigned)) or "none (standby: idle and ready)")
+        self._on_change(self.assigned)
+        self._assigned_event.set()
+
+    def _revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Let the batch in flight finish and commit before the partitions go to another member."""
+        self.revoking = True  # no new batch starts on the old assignment
+        deadline = time.monotonic() + self._revoke_wait_s
+        while not self._batch_idle() and time.monotonic() < deadline:
+            self._serve_commits()
+            time.sleep(POLL_S)
+        self._serve_commits()
+        if not self._batch_idle():
+            log.warning("rebalance: the batch in flight did not finish within %.0fs; its ranges will be "
+                        "replayed by the partitions' next owner", self._revoke_wait_s)
+        self._assigned_event.clear()
+        self.assigned = None
+        self.epoch += 1
+        self.revoking = False
+        log.info("group rebalance: %d partition(s) revoked", len(partitions))
+        self._on_change(None)

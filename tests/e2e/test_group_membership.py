@@ -1,0 +1,143 @@
+"""Two instances on one SINK_GROUP_ID share the partitions like Kafka consumers, and hand them over."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import pytest
+
+from devkit.kafka_data import Workload, committed_offsets, create_topics, end_offsets, produce_orders
+from devkit.service_process import ServiceProcess, wait_until
+from tests.e2e.checks import all_committed, assert_ranges_cover, assert_table_exact, scrape_metrics, table_matches
+
+pytestmark = pytest.mark.e2e
+
+PARTITIONS = 4
+_ASSIGNMENT = re.compile(r"group assignment: (\d+) partition\(s\)")
+_UPLOAD = re.compile(r"^(\S+ \S+) INFO sink_service\.pipeline: uploaded topic=\S+ partition=(\d+) ", re.M)
+
+
+def _assigned(service: ServiceProcess) -> int | None:
+    """How many partitions the service's last logged assignment held."""
+    found = _ASSIGNMENT.findall(service.output())
+    return int(found[-1]) if found else None
+
+
+def owner_changes(services: dict[str, ServiceProcess]) -> dict[int, list[str]]:
+    """Per partition, which instance uploaded its files, in time order, with repeats collapsed.
+
+    Two instances processing one partition at once would alternate: A, B, A, ...
+    """
+    uploads = sorted((stamp, int(partition), name) for name, service in services.items()
+                     for stamp, partition in _UPLOAD.findall(service.output()))
+    owners: dict[int, list[str]] = {}
+    for _stamp, partition, name in uploads:
+        seen = owners.setdefault(partition, [])
+        if not seen or seen[-1] != name:
+            seen.append(name)
+    return owners
+
+
+class CommitWatch:
+    """Polls the group's committed offsets during the run and records any that moved backwards."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str):
+        self.backwards: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(bootstrap, group, topic), daemon=True)
+        self._thread.start()
+
+    def _run(self, bootstrap: str, group: str, topic: str) -> None:
+        seen: dict[int, int] = {}
+        while not self._stop.wait(0.2):
+            for partition, offset in committed_offsets(bootstrap, group, topic, PARTITIONS).items():
+                if offset < seen.get(partition, -1):
+                    self.backwards.append(f"partition {partition}: {seen[partition]} -> {offset}")
+                seen[partition] = max(offset, seen.get(partition, -1))
+
+    def stop(self) -> list[str]:
+        self._stop.set()
+        self._thread.join(10)
+        return self.backwards
+
+
+def test_a_second_instance_shares_the_partitions_and_takes_over(
+        bootstrap, ems, unique, service_env, services, tmp_path):
+    topic, group = unique("group"), unique("group")
+    create_topics(bootstrap, {topic: PARTITIONS})
+    workload = Workload()
+    produce_orders(bootstrap, topic, keys=3000, updates=2, workload=workload)
+
+    def env(name: str) -> dict[str, str]:
+        return service_env(topic, group, SINK_FLUSH_RECORDS=250, SINK_MAX_FILES_PER_BATCH=4,
+                           SINK_SCRATCH_DIR=str(tmp_path / name))
+
+    watch = CommitWatch(bootstrap, group, topic)
+    first = services(env("a"))
+    wait_until(lambda: _assigned(first) == PARTITIONS, 120, "the first instance owns every partition",
+               process=first)
+    wait_until(lambda: any(committed_offsets(bootstrap, group, topic, PARTITIONS).values()), 60,
+               "the first commits", process=first)
+    second = services(env("b"))
+    wait_until(lambda: _assigned(second) == 2 and _assigned(first) == 2, 120,
+               "both instances own two partitions each", process=second)
+    produce_orders(bootstrap, topic, keys=1000, updates=1, workload=workload, seed=3, key_prefix="both")
+    wait_until(lambda: all_committed(bootstrap, group, topic, PARTITIONS) and table_matches(ems, topic, workload),
+               120, "delivery by the two instances", process=second)
+    # Handing partitions over waits for the batch in flight: a partition moves once, from A to B.
+    # (A real broker accepts that batch's commit during the rebalance; noida-db already refuses
+    # it with ILLEGAL_GENERATION, so the new owner replays that one batch.)
+    assert_ranges_cover(ems, topic, end_offsets(bootstrap, topic, PARTITIONS), allow_replays=True)
+    assert all(owners in (["a"], ["a", "b"]) for owners in owner_changes({"a": first, "b": second}).values())
+
+    # A restarted instance (same host and scratch area: the same static member) takes its place
+    # back at once, without a rebalance wait, after SIGTERM and after kill -9 alike. (noida-db
+    # never hands a stopped static member's partitions to the other instance; a real broker does
+    # after the session timeout.)
+    assert first.terminate() == 0
+    produce_orders(bootstrap, topic, keys=500, updates=1, workload=workload, seed=5, key_prefix="after")
+    restarted_at = time.monotonic()
+    stopped, first = first, services(env("a"))
+    wait_until(lambda: _assigned(first) == 2, 60, "the restarted instance gets its partitions back", process=first)
+    rejoin_s = time.monotonic() - restarted_at
+    wait_until(lambda: all_committed(bootstrap, group, topic, PARTITIONS) and table_matches(ems, topic, workload),
+               60, "delivery after the restart", process=first)
+    assert_ranges_cover(ems, topic, end_offsets(bootstrap, topic, PARTITIONS), allow_replays=True)
+    owners = owner_changes({"a": stopped, "a again": first, "b": second})
+    assert all(seen in (["a", "a again"], ["a", "b"]) for seen in owners.values()), owners
+
+    second.kill9()
+    produce_orders(bootstrap, topic, keys=500, updates=1, workload=workload, seed=9, key_prefix="killed")
+    second = services(env("b"))
+    wait_until(lambda: all_committed(bootstrap, group, topic, PARTITIONS) and table_matches(ems, topic, workload),
+               120, "delivery after kill -9", process=second)
+    assert first.terminate() == 0 and second.terminate() == 0
+    assert watch.stop() == [], "committed offsets moved backwards"
+    assert_table_exact(ems, topic, workload)
+    assert_ranges_cover(ems, topic, end_offsets(bootstrap, topic, PARTITIONS), allow_replays=True)
+    assert rejoin_s < 60, f"rejoining took {rejoin_s:.1f}s"
+
+
+def test_an_instance_without_partitions_is_a_ready_idle_standby(bootstrap, ems, unique, service_env, services,
+                                                                 tmp_path):
+    topic, group = unique("standby"), unique("group")
+    create_topics(bootstrap, {topic: 1})
+    workload = Workload()
+    produce_orders(bootstrap, topic, keys=200, updates=1, workload=workload)
+    envs = [service_env(topic, group, SINK_SCRATCH_DIR=str(tmp_path / name)) for name in ("a", "b")]
+    first = services(envs[0])
+    wait_until(lambda: all_committed(bootstrap, group, topic, 1), 120, "the first instance's commits", process=first)
+    second = services(envs[1])
+    port = int(envs[1]["SINK_HTTP_PORT"])
+    wait_until(lambda: _assigned(second) == 0 and (second.readiness(port) or (0,))[0] == 200, 120,
+               "the second instance ready with no partitions", process=second)
+    samples = scrape_metrics(port)
+    assert samples[("sink_assigned_partitions", ())] == 0
+    assert not [key for key in samples if key[0] == "sink_consumer_lag_records"], "a standby reports no lag"
+    produce_orders(bootstrap, topic, keys=100, updates=1, workload=workload, seed=3, key_prefix="more")
+    wait_until(lambda: all_committed(bootstrap, group, topic, 1) and table_matches(ems, topic, workload), 60,
+               "delivery by the owner", process=first)
+    assert first.terminate() == 0 and second.terminate() == 0
+    assert "uploaded topic=" not in second.output()
