@@ -320,8 +320,9 @@ class SinkConfig:
         "metadata, both written atomically. Re-push one with `python -m uploader push <file or s3:// URL>`. "
         "On a cluster every executor must see the same directory.", group="Target")
     tls_ca_bundle: str | None = setting(
-        "SINK_TLS_CA_BUNDLE", "PEM file of the CA certificates that upload TLS connections (EMS, its "
-        "proxy, S3) are verified against, for endpoints with a private or self-signed CA. It replaces "
+        "SINK_TLS_CA_BUNDLE", "PEM file of the CA certificates that HTTPS connections (EMS, its "
+        "proxy, S3, the schema registry) are verified against, for endpoints with a private or self-signed CA. "
+        "A certificate that does not verify is fatal (exit 3), never retried. It replaces "
         "the default CA store, so include every CA needed. Checked at startup; on a cluster every "
         "executor must see the same file. Empty: the system's CAs (and `REQUESTS_CA_BUNDLE`/"
         "`AWS_CA_BUNDLE`). Kafka has its own: `SINK_KAFKA_SSL_CA_LOCATION`.", group="Target")

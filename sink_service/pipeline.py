@@ -169,7 +169,8 @@ class Pipeline:
                 metadata_columns=config.selected_metadata_columns(),
                 primary_keys_from_key=not config.primary_keys and config.key_format in STRUCTURED_KEY_FORMATS,
                 value_format=config.value_format,
-                registry=RegistrySettings(config.schema_registry_url, config.schema_registry_basic_auth or "")
+                registry=RegistrySettings(config.schema_registry_url, config.schema_registry_basic_auth or "",
+                                         config.tls_ca_bundle)
                 if config.schema_registry_url else None,
                 csv=CsvFormat(parse_ddl(config.csv_columns) if config.csv_columns else None, config.csv_header,
                               csv_character(config.csv_delimiter, ","), csv_character(config.csv_quote, '"'))

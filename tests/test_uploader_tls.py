@@ -91,6 +91,9 @@ class HttpsEndpoint:
             def do_PUT(self) -> None:
                 self._answer({"ETag": '"0123456789abcdef"'}, b"")
 
+            def do_GET(self) -> None:  # a schema registry's schema by id
+                self._answer({"Content-Type": "application/json"}, json.dumps({"schema": '"string"'}).encode())
+
             def do_CONNECT(self) -> None:  # asked to act as a forward proxy: record, refuse to tunnel
                 endpoint.requests.append(f"{self.command} {self.path}")
                 self.send_error(502)
@@ -269,3 +272,15 @@ def test_an_https_proxy_is_verified_against_the_ca_bundle_too(https, parquet_fil
     with through_proxy(certificate[0]) as target, pytest.raises(RetryableUploadError):
         target.upload(parquet_file, metadata())  # the stub refuses to tunnel: an ordinary proxy error
     assert https.requests[0] == "CONNECT localhost:1"  # TLS to the proxy was verified and went through
+
+
+def test_the_schema_registry_is_verified_against_the_ca_bundle(https, certificate):
+    from sink_service.decode.registry import RegistryClient, RegistryRefused, RegistrySettings
+
+    with pytest.raises(RegistryRefused, match="SINK_TLS_CA_BUNDLE") as refused:
+        RegistryClient(RegistrySettings(https.url)).schema(1)
+    assert https.connections == 1, "a certificate that does not verify must not be retried"
+    assert "will not be retried" in str(refused.value)
+    trusted = RegistryClient(RegistrySettings(https.url, ca_bundle=str(certificate[0])))
+    assert trusted.schema(1) == {"schema": '"string"'}
+    assert https.requests[-1].startswith("GET /schemas/ids/1")

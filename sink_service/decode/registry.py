@@ -27,6 +27,7 @@ import tenacity
 
 from sink_service.decode.column_types import unify, without_empty_structs
 from sink_service.decode.json_values import ParsedValues
+from uploader.classify import is_certificate_failure
 from uploader.masking import mask_userinfo
 
 # What building a decoder from a schema the registry holds can raise when the schema is not one
@@ -58,6 +59,7 @@ class RegistrySettings:
 
     url: str
     basic_auth: str = field(default="", repr=False)  # `user:password`
+    ca_bundle: str | None = None  # SINK_TLS_CA_BUNDLE: PEM file to verify the registry against; None: default CAs
 
 
 def schema_ids(values: pa.Array, invalid_kind: str) -> tuple[np.ndarray, dict[int, tuple[str, str]]]:
@@ -94,6 +96,7 @@ class RegistryClient:
         self.base = settings.url.rstrip("/")
         self.shown = mask_userinfo(self.base)  # what errors name: never credentials written into the URL
         self.session = requests.Session()
+        self.session.verify = settings.ca_bundle or True
         if settings.basic_auth:
             user, _, password = settings.basic_auth.partition(":")
             self.session.auth = (user, password)
@@ -126,6 +129,12 @@ class RegistryClient:
         try:
             response = self.session.get(url, params={"format": "serialized"}, timeout=_TIMEOUT_S)
         except requests.RequestException as exc:
+            if is_certificate_failure(exc):  # a configuration problem: asking again cannot help
+                raise RegistryRefused(
+                    f"schema registry {self.shown}: its TLS certificate could not be verified for {what}; this "
+                    "will not be retried. If the registry uses a private or self-signed CA, set SINK_TLS_CA_BUNDLE "
+                    "to a PEM file holding that CA's certificate; otherwise check that the host in "
+                    "SINK_SCHEMA_REGISTRY_URL matches the certificate.") from None
             raise RegistryUnavailable(f"schema registry {self.shown} unreachable: {type(exc).__name__}") from None
         if response.status_code == 404:
             raise UnknownSchema(f"{what} is not in the schema registry")
