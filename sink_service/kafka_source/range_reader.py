@@ -41,6 +41,10 @@ def consumer_config(client_config: Mapping[str, str], group_id: str) -> dict[str
         # parked at the high watermark makes the broker work (noida-db spins ~0.4 cores on one)
         # while the range's tail is decoded. Fetch when the queue is empty, in large steps.
         "queued.min.messages": 1,
+        # With the queue kept this short, librdkafka's default 1 s backoff after a full queue stalls
+        # about one read in four for a second (measured at 20k records/s: p99 latency 9.2 s, 6.6 s
+        # with 1 ms, at the same CPU).
+        "fetch.queue.backoff.ms": 1,
         "max.partition.fetch.bytes": 8 * 1024 * 1024,
     }
 
