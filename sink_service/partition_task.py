@@ -258,21 +258,20 @@ class _RangeProcessor:
 
     def process(self, raw: pa.RecordBatch) -> None:
         self.outcome.records_read += raw.num_rows
-        self._write(_decoded(raw, self.decode_spec, self.spec.transform), raw)
+        self._write(decode(raw, self.decode_spec, self.spec.transform), raw)
 
     def process_carefully(self, raw: pa.RecordBatch) -> None:
-        """Like `process`, but a batch that cannot be decoded or encoded is halved until the
-        records at fault are found; each becomes a bad record under the error policy."""
+        """Like `process`, but a batch that cannot be decoded, transformed or encoded is halved until
+        the records at fault are found; each becomes a bad record under the error policy."""
         self.outcome.records_read += raw.num_rows
         for chunk in _bisect_unwritable(raw, self.decode_spec, self.spec.transform):
             self._write(chunk, raw)
 
-    def _write(self, decoded: tuple[DecodedChunk, int], raw: pa.RecordBatch) -> None:
-        """Write a chunk decoded (and transformed) from (part of) `raw`, with the number of rows the
-        transform filtered out; its bad records under the error policy."""
+    def _write(self, chunk: DecodedChunk, raw: pa.RecordBatch) -> None:
+        """Write a chunk decoded (and transformed) from (part of) `raw`; its bad records under the
+        error policy. Records the transform filtered out are only counted: done with, like written ones."""
         o = self.outcome
-        chunk, filtered = decoded
-        o.records_filtered += filtered
+        o.records_filtered += chunk.filtered
         if chunk.primary_keys != self.decode_spec.primary_keys:  # learned from the first key
             self.decode_spec = dataclasses.replace(self.decode_spec, primary_keys=chunk.primary_keys)
         if chunk.bad_records and self.spec.error_policy == "fail":
@@ -341,46 +340,11 @@ def _probe(table: pa.Table) -> None:
     pq.write_table(table, pa.BufferOutputStream())
 
 
-def _decoded(raw: pa.RecordBatch, spec: DecodeSpec, transform: Transform | None) -> tuple[DecodedChunk, int]:
-    """`raw` decoded, its segments transformed; with the number of rows the transform filtered out."""
-    chunk = decode(raw, spec)
-    if transform is None:
-        return chunk, 0
-    rows_in = sum(segment.num_rows for segment in chunk.segments)
-    segments = [transform.apply(segment) for segment in chunk.segments]
-    chunk.segments = [kept_rows(segment, chunk, raw) for segment in segments if segment.num_rows]
-    chunk.segments = [segment for segment in chunk.segments if segment.num_rows]
-    chunk.bad_records.sort(key=lambda b: b.offset)
-    return chunk, rows_in - sum(segment.num_rows for segment in segments)
-
-
-def kept_rows(segment: pa.Table, chunk: DecodedChunk, raw: pa.RecordBatch) -> pa.Table:
-    """The transformed rows that still have every primary key and the order value; the others
-    (e.g. a key turned NULL by TRY_CAST) become bad records of kind `transform_failed`."""
-    required = (*chunk.primary_keys, chunk_order_field(segment, raw))
-    missing = [name for name in required if name and name not in segment.column_names]
-    if missing:
-        raise TransformFailed(f"SINK_TRANSFORM_SQL output lacks {', '.join(missing)}")
-    valid = None
-    for name in required:
-        if name:
-            column = pa.compute.is_valid(segment.column(name))
-            valid = column if valid is None else pa.compute.and_(valid, column)
-    if valid is None or pa.compute.all(valid).as_py():
-        return segment
-    offsets = segment.filter(pa.compute.invert(valid)).column("_offset").to_pylist()
-    topic, partition = raw.column("topic")[0].as_py(), raw.column("partition")[0].as_py()
-    chunk.bad_records += [BadRecord(topic, partition, offset, "a primary key or the order value is NULL after "
-                                    "SINK_TRANSFORM_SQL", "transform_failed") for offset in offsets]
-    return segment.filter(valid)
-
-
-def _bisect_unwritable(raw: pa.RecordBatch, spec: DecodeSpec, transform: Transform | None,
-                       ) -> Iterator[tuple[DecodedChunk, int]]:
+def _bisect_unwritable(raw: pa.RecordBatch, spec: DecodeSpec, transform: Transform | None) -> Iterator[DecodedChunk]:
     """Decoded chunks in offset order; a record that cannot be decoded, transformed or encoded is a bad record."""
     try:
-        decoded = _decoded(raw, spec, transform)
-        for segment in decoded[0].segments:
+        chunk = decode(raw, spec, transform)
+        for segment in chunk.segments:
             _probe(segment)
     except DATA_ERRORS as exc:
         if raw.num_rows == 1:
@@ -389,13 +353,13 @@ def _bisect_unwritable(raw: pa.RecordBatch, spec: DecodeSpec, transform: Transfo
                 raw.column("topic")[0].as_py(), raw.column("partition")[0].as_py(), raw.column("offset")[0].as_py(),
                 str(exc) if failed else f"cannot be written: {type(exc).__name__}: {exc}",
                 "transform_failed" if failed else "unwritable",
-            )]), 0
+            )])
             return
         half = raw.num_rows // 2
         yield from _bisect_unwritable(raw.slice(0, half), spec, transform)
         yield from _bisect_unwritable(raw.slice(half), spec, transform)
         return
-    yield decoded
+    yield chunk
 
 
 def process_range(
