@@ -112,14 +112,15 @@ def _parsed(sql: str) -> tuple[list[str], exp.Select | None]:
         statements = [s for s in sqlglot.parse(sql, read=SparkAnsi) if s is not None]
     except sqlglot.errors.SqlglotError as exc:
         return [f"{ENV} is not valid Spark SQL: {first_line(exc)}"], None
+    if len(statements) == 1 and isinstance(statements[0], exp.SetOperation):
+        return [_not_row_wise("UNION/INTERSECT/EXCEPT")], None
     if len(statements) != 1 or not isinstance(statements[0], exp.Select):
         return [f"{ENV} must be one `SELECT … FROM {TABLE}` statement."], None
     return [], statements[0]
 
 
 def _row_wise_problems(statement: exp.Select) -> list[str]:
-    problems = [f"{ENV} uses {name}; only row-wise statements are allowed (each output row from one record "
-                f"of `{TABLE}`)." for kind, name in _REJECTED if statement.find(kind) is not None]
+    problems = [_not_row_wise(name) for kind, name in _REJECTED if statement.find(kind) is not None]
     if any(select is not statement for select in statement.find_all(exp.Select)):
         problems.append(f"{ENV} has a subquery; only row-wise statements over `{TABLE}` are allowed.")
     tables = {t.name for t in statement.find_all(exp.Table)}
@@ -128,6 +129,11 @@ def _row_wise_problems(statement: exp.Select) -> list[str]:
         problems.append(f"{ENV} must read only from `{TABLE}` (the decoded rows), found "
                         f"{', '.join(sorted(tables)) or 'no table'}.")
     return problems
+
+
+def _not_row_wise(construct: str) -> str:
+    return (f"{ENV} uses {construct}; only row-wise statements are allowed (each output row from one record "
+            f"of `{TABLE}`).")
 
 
 def _offset_problems(statement: exp.Select) -> list[str]:
