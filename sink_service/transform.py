@@ -4,6 +4,7 @@ The statement (written in Spark SQL, checked and transpiled at startup by `trans
 run by DuckDB over the segment's Arrow table inside the task, so records still never enter the
 JVM (see ARCHITECTURE.md, "Why these choices"). This module is what tasks unpickle: it imports
 neither sqlglot nor DuckDB until a statement is applied, so without a transform nothing changes.
+The DuckDB text depends on the chunk's column types (see `transform_sql.duckdb_sql`).
 
 Only row-wise statements get here: each output row comes from one input row and keeps its
 `_offset`, so files, offsets and commits follow the thresholds exactly as without a transform.
@@ -43,19 +44,33 @@ class Transform:
     field that is absent from a record does.
     """
 
-    spark_sql: str
-    duckdb_sql: str
+    spark_sql: str  # as configured
+    statement: str  # what runs, in Spark SQL: `spark_sql` with `_offset` selected
     reads: tuple[str, ...] = ()
+
+    def duckdb_sql(self, columns: pa.Schema) -> str:
+        """The statement in DuckDB's dialect for rows of these columns; cached per worker, as a
+        topic's chunks mostly share a few schemas (translating takes milliseconds)."""
+        key = (self.statement, columns)
+        sql = _translated.get(key)
+        if sql is None:
+            from sink_service.transform_sql import duckdb_sql
+
+            if len(_translated) >= _TRANSLATED_MAX:
+                _translated.clear()
+            sql = _translated[key] = duckdb_sql(self.statement, columns)
+        return sql
 
     def apply(self, rows: pa.Table) -> pa.Table:
         """The statement's output over `rows`, in their order; raises `TransformFailed`."""
         import duckdb
 
         rows = _with_absent_columns(rows, self.reads)
+        sql = self.duckdb_sql(rows.schema)
         con = _connection()
         con.register(TABLE, rows)
         try:
-            out = con.sql(self.duckdb_sql).to_arrow_table()
+            out = con.sql(sql).to_arrow_table()
         except duckdb.OutOfMemoryException as exc:  # the environment's fault: never blamed on records
             raise MemoryError(f"SINK_TRANSFORM_SQL ran out of memory: {exc}") from exc
         except duckdb.Error as exc:  # conversion, out of range, invalid input, a type no function takes...
@@ -116,6 +131,8 @@ def first_line(exc: BaseException) -> str:
 
 
 _local = threading.local()
+_translated: dict[tuple[str, pa.Schema], str] = {}
+_TRANSLATED_MAX = 256
 
 
 def _connection():

@@ -1,8 +1,8 @@
-"""SINK_TRANSFORM_SQL at startup: a Spark SQL `SELECT … FROM records` checked and transpiled to DuckDB.
+"""SINK_TRANSFORM_SQL: a Spark SQL `SELECT … FROM records` checked at startup and transpiled to DuckDB.
 
 sqlglot parses the statement as Spark SQL with Spark 4's ANSI `CAST` (a value that does not
-convert is an error, not NULL) and writes it as DuckDB SQL, which `transform.py` runs in tasks.
-Every problem is found here, before a record is read, and reported at once:
+convert is an error, not NULL) and writes it as DuckDB SQL (`duckdb_sql`), which `transform.py`
+runs in tasks. Every problem is found at startup, before a record is read, and reported at once:
 - constructs that are not row-wise (joins, aggregates, windows, subqueries, row generators,
   ORDER BY/LIMIT/DISTINCT, set operations...): a task sees one offset range in chunks, so any
   of them would give answers that depend on how records happen to be batched, and files,
@@ -15,16 +15,19 @@ Every problem is found here, before a record is read, and reported at once:
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterable
 
 import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.spark import Spark
+from sqlglot.optimizer.annotate_types import annotate_types
 
 from sink_service.transform import OFFSET, TABLE, Transform, TransformFailed, first_line
 
 ENV = "SINK_TRANSFORM_SQL"
+log = logging.getLogger("sink_service.transform")
 
 # Constructs that combine, multiply, order or sample rows, or read other tables: not row-wise.
 _REJECTED: tuple[tuple[type[exp.Expression], str], ...] = (
@@ -85,7 +88,7 @@ def compile_transform(sql: str, *, order_field: str, primary_keys: Iterable[str]
         raise TransformInvalid(problems)
     if not _keeps(statement, OFFSET):  # files are named, bounded and committed by it
         statement = statement.select(exp.column(OFFSET, table=_source_name(statement)), copy=True)
-    transform = Transform(sql, statement.sql(dialect="duckdb"), _reads(statement))
+    transform = Transform(sql, statement.sql(dialect=SparkAnsi), _reads(statement))
     unwritten = sorted(set(transform.reads) & set(reserved) - set(columns.names))
     if unwritten:
         raise TransformInvalid([f"{ENV} reads {', '.join(f'`{n}`' for n in unwritten)}, which SINK_METADATA_COLUMNS "
@@ -198,3 +201,44 @@ def _reads(statement: exp.Select) -> tuple[str, ...]:
         if key != "expressions" and isinstance(node, exp.Expression):
             add(node, set())
     return tuple(reads)
+
+
+_INTEGERS = (exp.DataType.Type.TINYINT, exp.DataType.Type.SMALLINT, exp.DataType.Type.INT, exp.DataType.Type.BIGINT)
+_FRACTIONAL = (exp.DataType.Type.FLOAT, exp.DataType.Type.DOUBLE, exp.DataType.Type.DECIMAL)
+
+
+def duckdb_sql(statement: str, columns: pa.Schema) -> str:
+    """The statement in DuckDB's dialect for rows of these columns (`transform.py` caches it per schema).
+
+    Spark casts a fractional number to an integer type by truncating (`CAST(2.7 AS INT)` is 2);
+    DuckDB rounds (3). Where the operand's type is known from the columns (sqlglot's type
+    annotation: a column, a literal, arithmetic on them), the cast is written over `trunc` of it.
+    """
+    original = sqlglot.parse_one(statement, read=SparkAnsi)
+    typed = original.copy()  # qualified to find types; the original keeps lateral aliases unqualified
+    source = _source_name(typed)
+    for column in typed.find_all(exp.Column):
+        if not column.table:
+            column.set("table", exp.to_identifier(source))
+    types = {name: _sql_type(type_) for name, type_ in zip(columns.names, columns.types, strict=True)}
+    try:
+        annotate_types(typed, schema={source: types}, dialect=SparkAnsi)
+    except Exception:  # sqlglot could not type it: DuckDB's rounding stays (documented), never a record's fault
+        log.warning("%s: operand types unknown, integer casts round as in DuckDB", ENV, exc_info=True)
+        return original.sql(dialect="duckdb")
+    for cast, typed_cast in zip(original.find_all(exp.Cast), typed.find_all(exp.Cast), strict=True):
+        operand = typed_cast.this.type
+        if cast.to.is_type(*_INTEGERS) and operand is not None and operand.is_type(*_FRACTIONAL):
+            cast.set("this", exp.Anonymous(this="trunc", expressions=[cast.this]))
+    return original.sql(dialect="duckdb")
+
+
+def _sql_type(type_: pa.DataType) -> str:
+    """The Arrow types whose casts differ, in sqlglot's names; the rest are unknown to it."""
+    if pa.types.is_floating(type_):
+        return "DOUBLE"
+    if pa.types.is_decimal(type_):
+        return f"DECIMAL({type_.precision}, {type_.scale})"
+    if pa.types.is_integer(type_):
+        return "BIGINT"
+    return "VARCHAR" if pa.types.is_string(type_) or pa.types.is_large_string(type_) else "UNKNOWN"

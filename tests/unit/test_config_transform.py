@@ -37,7 +37,7 @@ def test_keys_name_the_output_so_a_renamed_key_is_accepted_with_a_declared_schem
     config = load_config(ems_env(SINK_VALUE_SCHEMA=SCHEMA, SINK_PRIMARY_KEYS="order_id",
                                  SINK_TRANSFORM_SQL="SELECT id AS order_id, customer_name FROM records"))
     transform = transform_for(config)
-    assert transform is not None and transform.duckdb_sql.endswith("records._offset FROM records")
+    assert transform is not None and transform.statement.endswith("records._offset FROM records")
     assert any("does not declare" in p for p in config_problems(
         ems_env(SINK_VALUE_SCHEMA=SCHEMA, SINK_PRIMARY_KEYS="order_id")))
 

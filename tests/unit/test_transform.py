@@ -78,6 +78,23 @@ def test_an_ansi_cast_that_does_not_convert_fails_with_the_engines_message():
         transform.apply(rows({"id": "x", "amount": "abc"}))
 
 
+def test_a_fractional_number_cast_to_an_integer_is_truncated_as_in_spark():
+    """DuckDB rounds (2.7 -> 3, 2.5 -> 2); Spark truncates toward zero. Written over `trunc` where
+    sqlglot knows the operand is fractional: a column, a literal, arithmetic on them."""
+    table = pa.table({"id": ["a", "b", "c"], "price": [2.7, -2.7, 2.5], "exact": pa.array(
+        ["2.50", "-2.50", "0.99"]).cast(pa.decimal128(5, 2)), "_offset": pa.array([1, 2, 3], pa.int64())})
+    transform = compile_transform(
+        "SELECT id, CAST(price AS INT) AS p, CAST(price * 2 AS BIGINT) AS p2, CAST(exact AS INT) AS e, "
+        "CAST(2.5 AS SMALLINT) AS lit, CAST(CAST(price AS STRING) AS INT) AS via_text FROM records",
+        order_field="_offset", primary_keys=("id",), columns=table.schema, complete=True)
+    out = transform.apply(table)
+    assert out.column("p").to_pylist() == [2, -2, 2]
+    assert out.column("p2").to_pylist() == [5, -5, 5]
+    assert out.column("e").to_pylist() == [2, -2, 0]
+    assert out.column("lit").to_pylist() == [2, 2, 2]
+    assert out.column("via_text").to_pylist() == [3, -3, 3]  # text is DuckDB's: rounded (Spark fails)
+
+
 def test_try_cast_gives_null_instead():
     transform = compiled("SELECT id, TRY_CAST(amount AS INT) AS amount FROM records")
     out = transform.apply(rows({"id": "x", "amount": "abc"}))
