@@ -833,7 +833,7 @@ def transform_for(c: SinkConfig) -> Transform | None:
 
     columns, complete = _transform_input(c)
     return compile_transform(c.transform_sql, order_field=c.order_field, primary_keys=c.primary_keys,
-                             columns=columns, complete=complete, reserved=METADATA_COLUMNS)
+                             columns=columns, complete=complete, reserved=METADATA_COLUMNS, flat=bool(c.flatten))
 
 
 def _transform_input(c: SinkConfig) -> tuple[pa.Schema, bool]:

@@ -72,18 +72,22 @@ class TransformInvalid(ValueError):
 
 
 def compile_transform(sql: str, *, order_field: str, primary_keys: Iterable[str], columns: pa.Schema,
-                      complete: bool, reserved: Iterable[str] = ()) -> Transform:
+                      complete: bool, reserved: Iterable[str] = (), flat: bool = False) -> Transform:
     """The statement checked and transpiled to DuckDB; `TransformInvalid` lists every problem.
 
     `columns`: the columns the decoded rows are known to have (a declared schema's, the metadata
     columns written). `complete`: whether those are all (a declared schema); if not, any other
     column the statement reads is taken to be a field that may arrive (checked as all-NULL), except
-    the `reserved` names (metadata columns that are not written), which never will.
+    the `reserved` names (metadata columns that are not written), which never will. `flat`: rows
+    are flattened (SINK_FLATTEN), so they hold no struct whose fields could be read.
     """
     problems, statement = _parsed(sql)
     if statement is None:
         raise TransformInvalid(problems)
     problems += _row_wise_problems(statement) + _offset_problems(statement)
+    if flat:
+        problems += [f"{ENV} reads `{'.'.join(path)}`, but SINK_FLATTEN makes rows flat: the field is the column "
+                     f"`{'_'.join(path)}`." for path in _struct_fields(statement)]
     if problems:
         raise TransformInvalid(problems)
     if not _keeps(statement, OFFSET):  # files are named, bounded and committed by it
@@ -174,6 +178,13 @@ def _keeps(statement: exp.Select, name: str) -> bool:
 
 def _source_name(statement: exp.Select) -> str:
     return statement.args["from_"].this.alias_or_name
+
+
+def _struct_fields(statement: exp.Select) -> list[list[str]]:
+    """`customer.name` (not `records.name`): a struct's field, as the parts of its path."""
+    source = _source_name(statement)
+    paths = [[p.name for p in column.parts] for column in statement.find_all(exp.Column)]
+    return [path for path in paths if len(path) > 1 and path[0] not in (source, TABLE)]
 
 
 def _reads(statement: exp.Select) -> tuple[str, ...]:

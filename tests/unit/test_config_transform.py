@@ -42,6 +42,15 @@ def test_keys_name_the_output_so_a_renamed_key_is_accepted_with_a_declared_schem
         ems_env(SINK_VALUE_SCHEMA=SCHEMA, SINK_PRIMARY_KEYS="order_id")))
 
 
+def test_struct_fields_are_flattened_columns_with_sink_flatten():
+    [problem] = config_problems(ems_env(SINK_TRANSFORM_SQL="SELECT id, customer.name AS customer FROM records",
+                                        SINK_PRIMARY_KEYS="id"))
+    assert problem == ("SINK_TRANSFORM_SQL reads `customer.name`, but SINK_FLATTEN makes rows flat: the field is "
+                       "the column `customer_name`.")
+    assert transform_for(load_config(ems_env(SINK_TRANSFORM_SQL="SELECT id, customer.name AS c FROM records",
+                                             SINK_PRIMARY_KEYS="id", SINK_FLATTEN="false"))) is not None
+
+
 def test_no_transform_is_none():
     assert transform_for(load_config(ems_env())) is None
 
