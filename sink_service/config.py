@@ -255,12 +255,13 @@ class SinkConfig:
 
     # --- Transform ----------------------------------------------------------------------------
     transform_sql: str | None = setting(
-        "SINK_TRANSFORM_SQL", "A Spark SQL `SELECT … FROM records` run over the decoded rows (after flattening "
-        "and obfuscation), e.g. `SELECT id, CAST(amount AS DECIMAL(10,2)) AS amount, upper(status) AS status FROM "
-        "records WHERE status <> 'test'`: rename, filter, compute or cast columns. Row-wise only (no joins, aggregates, windows, "
-        "subqueries, ORDER BY or LIMIT). `SINK_PRIMARY_KEYS` and `SINK_ORDER_FIELD` name its output columns; "
-        "`_offset` is carried through. A record it fails on (e.g. a CAST that does not convert) is a bad record "
-        "(`transform_failed`); records its WHERE leaves out are committed, not written. See \"Transform\".",
+        "SINK_TRANSFORM_SQL", "A Spark SQL `SELECT … FROM records` run over the decoded rows (after "
+        "flattening and obfuscation), e.g. `SELECT id, CAST(amount AS DECIMAL(10,2)) AS amount, upper(status) "
+        "AS status FROM records WHERE status <> 'test'`: rename, filter, compute or cast columns. Row-wise only "
+        "(no joins, aggregates, windows, subqueries, ORDER BY or LIMIT). `SINK_PRIMARY_KEYS` and "
+        "`SINK_ORDER_FIELD` name its output columns; `_offset` is carried through. A record it fails on (e.g. "
+        "a CAST that does not convert) is a bad record (`transform_failed`); records its WHERE leaves out are "
+        "committed, not written. See \"Transform\".",
         group="Transform")
 
     # --- Upload target ------------------------------------------------------------------------
