@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -109,3 +111,21 @@ def test_primary_keys_name_the_statements_output(tmp_path):
     assert json.loads(outcome["bad_samples"]) == [
         "topic=t partition=0 offset=42: primary key field `order_id` is missing or null after SINK_TRANSFORM_SQL"]
     assert [r["order_id"] for r in uploaded(tmp_path)] == [i for i in range(100) if i != 42]
+
+
+def test_without_a_transform_tasks_import_neither_duckdb_nor_sqlglot(tmp_path):
+    """The fast path is unchanged: a task that decodes, writes and uploads a range loads neither."""
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from sink_service.kafka_source.admission import Range\n"
+        "from sink_service.partition_task import process_range\n"
+        "from tests.unit.test_partition_task import reader, spec, topic_log\n"
+        f"out = process_range(spec(Path({str(tmp_path)!r})), Range('t', 0, 0, 100), reader(topic_log(100, set())))\n"
+        "assert out.to_pylist()[0]['committable'] == 100\n"
+        "print(sorted(m for m in ('duckdb', 'sqlglot') if m in sys.modules))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
