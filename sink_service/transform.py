@@ -137,10 +137,13 @@ _TRANSLATED_MAX = 256
 
 def _connection():
     """One in-memory DuckDB per worker thread, reused across chunks (a connection costs ~ms),
-    single-threaded: Spark already runs one task per core."""
+    single-threaded: Spark already runs one task per core. The statement reads only the chunk:
+    no files, no network, no extensions fetched or loaded."""
     con = getattr(_local, "con", None)
     if con is None:
         import duckdb
 
-        con = _local.con = duckdb.connect(":memory:", config={"threads": 1})
+        con = _local.con = duckdb.connect(":memory:", config={
+            "threads": 1, "enable_external_access": False,
+            "autoinstall_known_extensions": False, "autoload_known_extensions": False})
     return con
