@@ -7,6 +7,7 @@ masked startup dump and the README's configuration reference.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import ipaddress
@@ -16,11 +17,16 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
+
+import pyarrow as pa
 
 from sink_service.ddl import DdlError, parse_ddl
 from uploader.masking import mask_userinfo
+
+if TYPE_CHECKING:
+    from sink_service.transform import Transform
 
 MASK = "*****"
 S3_URL_SCHEME = "s3://"
@@ -246,6 +252,17 @@ class SinkConfig:
         "SINK_OBFUSCATION_SALT", "Salt put before every value hashed by `sha1`/`sha512` (required "
         "with them). Keep it stable: a new salt changes every hash, and so every hashed key.",
         secret=True, group="Row shape")
+
+    # --- Transform ----------------------------------------------------------------------------
+    transform_sql: str | None = setting(
+        "SINK_TRANSFORM_SQL", "A Spark SQL `SELECT … FROM records` run over the decoded rows (after "
+        "flattening and obfuscation), e.g. `SELECT id, CAST(amount AS DECIMAL(10,2)) AS amount, upper(status) "
+        "AS status FROM records WHERE status <> 'test'`: rename, filter, compute or cast columns. Row-wise only "
+        "(no joins, aggregates, windows, subqueries, ORDER BY or LIMIT). `SINK_PRIMARY_KEYS` and "
+        "`SINK_ORDER_FIELD` name its output columns; `_offset` is carried through. A record it fails on (e.g. "
+        "a CAST that does not convert) is a bad record (`transform_failed`); records its WHERE leaves out are "
+        "committed, not written. See \"Transform\".",
+        group="Transform")
 
     # --- Upload target ------------------------------------------------------------------------
     target: str = setting(
@@ -641,7 +658,7 @@ def _fullmatch(pattern: str, text: str) -> bool:
 
 def _check_records(c: SinkConfig) -> list[str]:
     problems = []
-    if c.value_schema:
+    if c.value_schema and not c.transform_sql:  # with a transform, the keys name its output (`_check_transform`)
         try:
             schema = parse_ddl(c.value_schema)
         except DdlError as exc:
@@ -809,6 +826,51 @@ def _check_csv(c: SinkConfig) -> list[str]:
     return problems
 
 
+def transform_for(c: SinkConfig) -> Transform | None:
+    """SINK_TRANSFORM_SQL compiled for the rows this configuration decodes; raises `TransformInvalid`."""
+    if not c.transform_sql:
+        return None
+    from sink_service.decode.metadata import METADATA_COLUMNS
+    from sink_service.transform_sql import compile_transform
+
+    columns, complete = _transform_input(c)
+    return compile_transform(c.transform_sql, order_field=c.order_field, primary_keys=c.primary_keys,
+                             columns=columns, complete=complete, reserved=METADATA_COLUMNS, flat=bool(c.flatten))
+
+
+def _transform_input(c: SinkConfig) -> tuple[pa.Schema, bool]:
+    """The columns the statement's input is known to have, and whether they are all: a declared
+    JSON schema's fields (flattened as configured) and the metadata columns written. Without a
+    declared schema, or with a key whose fields become columns, other columns may arrive."""
+    from sink_service.decode.flatten import flatten
+    from sink_service.decode.metadata import with_metadata, written_metadata
+    from sink_service.decode.raw import RAW_SCHEMA
+    from sink_service.decode.tombstones import with_deleted
+
+    fields, complete = pa.table({}), False
+    if c.value_schema and c.value_format == "json":
+        with contextlib.suppress(DdlError):  # reported by `_check_records`
+            fields, complete = parse_ddl(c.value_schema).empty_table(), c.key_format not in STRUCTURED_KEY_FORMATS
+    if c.flatten:
+        fields = flatten(fields, metadata=(), discard_collections=c.flatten_discard_collections,
+                         lowercase=c.lowercase_fields, decimals_as_double=c.decimals_as_double)
+    if c.tombstones == "soft-delete":
+        fields = with_deleted(fields, False)
+    written = written_metadata(c.selected_metadata_columns(), c.order_field, c.primary_keys)
+    rows = with_metadata(fields, pa.RecordBatch.from_pylist([], schema=RAW_SCHEMA), written, c.key_format)
+    return rows.schema, complete
+
+
+def _check_transform(c: SinkConfig) -> list[str]:
+    from sink_service.transform_sql import TransformInvalid
+
+    try:
+        transform_for(c)
+    except TransformInvalid as exc:
+        return exc.problems
+    return []
+
+
 def _check_cluster(c: SinkConfig) -> list[str]:
     """Upload credentials travel to executors in task specs: never over unauthenticated plain RPC."""
     if c.spark_master.startswith("spark://") and not c.spark_auth_secret:
@@ -821,7 +883,7 @@ def _check_cluster(c: SinkConfig) -> list[str]:
 
 _CHECKS: tuple[Callable[[SinkConfig], list[str]], ...] = (
     _check_kafka, _check_target, _check_parking, _check_tls, _check_dead_letters, _check_records, _check_row_shape,
-    _check_keys_and_metadata, _check_cluster, _check_formats)
+    _check_keys_and_metadata, _check_cluster, _check_formats, _check_transform)
 
 
 def reference_markdown() -> str:

@@ -29,6 +29,9 @@ class SinkMetrics:
             "sink_records_written_total", "Records written into Parquet files.", _TP, registry=r)
         self.records_uploaded = Counter(
             "sink_records_uploaded_total", "Records in files the target accepted.", _TP, registry=r)
+        self.records_filtered = Counter(
+            "sink_records_filtered_total", "Records SINK_TRANSFORM_SQL's WHERE left out (committed, not written).",
+            _TP, registry=r)
         self.files_uploaded = Counter("sink_files_uploaded_total", "Files the target accepted.", _TP, registry=r)
         self.bytes_uploaded = Counter(
             "sink_uploaded_bytes_total", "Parquet bytes the target accepted.", _TP, registry=r)
@@ -84,6 +87,7 @@ class SinkMetrics:
         self.records_read.labels(*labels).inc(row.records_read)
         self.records_written.labels(*labels).inc(row.records_written)
         self.records_uploaded.labels(*labels).inc(row.records_uploaded)
+        self.records_filtered.labels(*labels).inc(row.records_filtered)
         for upload in json.loads(row.files):
             if upload["parked"]:
                 self.parked_files.labels(row.topic, upload["parked"]).inc()

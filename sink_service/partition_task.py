@@ -28,6 +28,7 @@ from sink_service.decode.registry import RegistryRefused, RegistryUnavailable
 from sink_service.kafka_source.admission import Range
 from sink_service.parquet_files import ClosedFile, PartitionFileWriter
 from sink_service.planner_hints import encode_schema
+from sink_service.transform import Transform, TransformFailed
 from sink_service.upload_signals import NO_SIGNALS, SignalChannel, SignalSender
 from uploader.errors import FatalUploadError, RetryableUploadError
 from uploader.parking import PARKED_TARGET
@@ -60,6 +61,7 @@ RESULT_SCHEMA = pa.schema([
     ("records_read", pa.int64()),
     ("records_written", pa.int64()),
     ("records_uploaded", pa.int64()),
+    ("records_filtered", pa.int64()),  # left out by SINK_TRANSFORM_SQL's WHERE: processed, not lost
     ("bad_records", pa.int64()),
     ("bad_reasons", pa.string()),  # JSON {kind: count}
     ("bad_samples", pa.string()),  # JSON list of BadRecord descriptions
@@ -88,6 +90,7 @@ class TaskSpec:
     compact_files: bool = False  # SINK_COMPACT_FILES: each file holds only the latest row per key
     signals: SignalChannel = NO_SIGNALS  # live upload signals to the driver
     dead_letters: DeadLetterSpec | None = None  # required with error_policy "dlq"
+    transform: Transform | None = None  # SINK_TRANSFORM_SQL, run on each decoded segment
 
     def table_for(self, topic: str) -> str:
         return self.table_template.replace("{topic}", topic)
@@ -122,6 +125,7 @@ class _Outcome:
     records_read: int = 0
     records_written: int = 0
     records_uploaded: int = 0
+    records_filtered: int = 0
     bad_records: int = 0
     bad_reasons: Counter = field(default_factory=Counter)
     bad_samples: list[str] = field(default_factory=list)
@@ -148,6 +152,7 @@ class _RangeProcessor:
         )
         o.committable = o.range_start
         self._bad_at_commit: tuple[int, Counter, list[str]] = (0, Counter(), [])
+        self._filtered_at_commit = 0
         self._dead_letters = DeadLetters(spec.dead_letters) if spec.error_policy == "dlq" else None
         self.writer = PartitionFileWriter(
             Path(spec.scratch_dir) / "files",
@@ -205,6 +210,7 @@ class _RangeProcessor:
         self._settle_dead_letters(closed.last_offset + 1)
         o.committable = closed.last_offset + 1
         self._bad_at_commit = (o.bad_records, Counter(o.bad_reasons), list(o.bad_samples))
+        self._filtered_at_commit = o.records_filtered
         o.files.append({
             "parked": receipt.details.get("reason") if parked else None,
             "file": metadata.file_name(),
@@ -252,18 +258,20 @@ class _RangeProcessor:
 
     def process(self, raw: pa.RecordBatch) -> None:
         self.outcome.records_read += raw.num_rows
-        self._write(decode(raw, self.decode_spec), raw)
+        self._write(decode(raw, self.decode_spec, self.spec.transform), raw)
 
     def process_carefully(self, raw: pa.RecordBatch) -> None:
-        """Like `process`, but a batch that cannot be decoded or encoded is halved until the
-        records at fault are found; each becomes a bad record under the error policy."""
+        """Like `process`, but a batch that cannot be decoded, transformed or encoded is halved until
+        the records at fault are found; each becomes a bad record under the error policy."""
         self.outcome.records_read += raw.num_rows
-        for chunk in _bisect_unwritable(raw, self.decode_spec):
+        for chunk in _bisect_unwritable(raw, self.decode_spec, self.spec.transform):
             self._write(chunk, raw)
 
     def _write(self, chunk: DecodedChunk, raw: pa.RecordBatch) -> None:
-        """Write a chunk decoded from (part of) `raw`, its bad records under the error policy."""
+        """Write a chunk decoded (and transformed) from (part of) `raw`; its bad records under the
+        error policy. Records the transform filtered out are only counted: done with, like written ones."""
         o = self.outcome
+        o.records_filtered += chunk.filtered
         if chunk.primary_keys != self.decode_spec.primary_keys:  # learned from the first key
             self.decode_spec = dataclasses.replace(self.decode_spec, primary_keys=chunk.primary_keys)
         if chunk.bad_records and self.spec.error_policy == "fail":
@@ -296,6 +304,7 @@ class _RangeProcessor:
         o = self.outcome
         o.bad_records, o.bad_reasons, o.bad_samples = self._bad_at_commit
         o.bad_reasons, o.bad_samples = Counter(o.bad_reasons), list(o.bad_samples)
+        o.records_filtered = self._filtered_at_commit
         return Range(o.topic, o.partition, o.committable, o.range_end)
 
     def finish(self) -> None:
@@ -331,22 +340,24 @@ def _probe(table: pa.Table) -> None:
     pq.write_table(table, pa.BufferOutputStream())
 
 
-def _bisect_unwritable(raw: pa.RecordBatch, spec: DecodeSpec) -> Iterator[DecodedChunk]:
-    """Decoded chunks in offset order; a record that cannot be decoded or encoded is a bad record."""
+def _bisect_unwritable(raw: pa.RecordBatch, spec: DecodeSpec, transform: Transform | None) -> Iterator[DecodedChunk]:
+    """Decoded chunks in offset order; a record that cannot be decoded, transformed or encoded is a bad record."""
     try:
-        chunk = decode(raw, spec)
+        chunk = decode(raw, spec, transform)
         for segment in chunk.segments:
             _probe(segment)
     except DATA_ERRORS as exc:
         if raw.num_rows == 1:
+            failed = isinstance(exc, TransformFailed)
             yield DecodedChunk(bad_records=[BadRecord(
-                raw.column("topic")[0].as_py(), raw.column("partition")[0].as_py(),
-                raw.column("offset")[0].as_py(), f"cannot be written: {type(exc).__name__}: {exc}", "unwritable",
+                raw.column("topic")[0].as_py(), raw.column("partition")[0].as_py(), raw.column("offset")[0].as_py(),
+                str(exc) if failed else f"cannot be written: {type(exc).__name__}: {exc}",
+                "transform_failed" if failed else "unwritable",
             )])
             return
         half = raw.num_rows // 2
-        yield from _bisect_unwritable(raw.slice(0, half), spec)
-        yield from _bisect_unwritable(raw.slice(half), spec)
+        yield from _bisect_unwritable(raw.slice(0, half), spec, transform)
+        yield from _bisect_unwritable(raw.slice(half), spec, transform)
         return
     yield chunk
 

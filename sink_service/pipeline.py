@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from sink_service import java_home, spark_home
-from sink_service.config import STRUCTURED_KEY_FORMATS, SinkConfig, csv_character
+from sink_service.config import STRUCTURED_KEY_FORMATS, SinkConfig, csv_character, transform_for
 from sink_service.ddl import parse_ddl
 from sink_service.dead_letters import DeadLetterSpec
 from sink_service.decode import DecodeSpec
@@ -191,6 +191,7 @@ class Pipeline:
             compact_files=config.compact_files,
             signals=signals,
             dead_letters=DeadLetterSpec.of(config.dlq_topic, self.client_config) if config.dlq_topic else None,
+            transform=transform_for(config),
         )
 
     def assignment_changed(self) -> bool:

@@ -14,6 +14,7 @@
     metadata.py         Kafka metadata as `_` columns (headers.py: `_headers` as JSON)
     obfuscate.py        sensitive fields masked or hashed (SINK_OBFUSCATE_FIELDS)
     flatten.py          nested objects as `parent_child` columns (SINK_FLATTEN)
+    (../transform.py)   SINK_TRANSFORM_SQL over the shaped rows, when set
     required_fields.py  rows without a primary key or order value
     bad_records.py      what could not become a row, by topic, partition and offset
     column_types.py     the widening lattice that joins types, here and between files
@@ -59,6 +60,7 @@ from sink_service.decode.raw import RAW_SCHEMA
 from sink_service.decode.registry import RegistrySettings
 from sink_service.decode.required_fields import missing_fields
 from sink_service.decode.tombstones import DELETED, tombstone_failures, with_deleted
+from sink_service.transform import Transform, TransformFailed
 
 __all__ = ["RAW_SCHEMA", "BadRecord", "DecodeSpec", "DecodedChunk", "decode"]
 
@@ -111,6 +113,7 @@ class DecodedChunk:
     bad_records: list[BadRecord] = field(default_factory=list)  # under SINK_ERROR_POLICY
     skipped: list[BadRecord] = field(default_factory=list)  # left out on purpose (tombstones): never a failure
     primary_keys: tuple[str, ...] = ()  # the spec's, or the columns of the key fields learned from this chunk
+    filtered: int = 0  # records SINK_TRANSFORM_SQL's WHERE left out: processed, neither rows nor bad records
 
 
 @dataclass(frozen=True)
@@ -134,8 +137,11 @@ class _Rows:
         return self.filter(kept(self.raw.num_rows, failures))
 
 
-def decode(raw: pa.RecordBatch, spec: DecodeSpec) -> DecodedChunk:
-    """Decode one raw batch of a single topic-partition into (at most) one segment."""
+def decode(raw: pa.RecordBatch, spec: DecodeSpec, transform: Transform | None = None) -> DecodedChunk:
+    """Decode one raw batch of a single topic-partition into (at most) one segment.
+
+    With a `transform`, the primary keys and the order field name columns of its output: they are
+    checked after it. It raises `TransformFailed` when it fails on any of the rows."""
     chunk = DecodedChunk(primary_keys=spec.primary_keys)
     rows = _Rows(raw, no_columns(raw.num_rows))
     if spec.key_format in STRUCTURED_KEY_FORMATS and raw.num_rows:
@@ -146,7 +152,9 @@ def decode(raw: pa.RecordBatch, spec: DecodeSpec) -> DecodedChunk:
         rows = _in_offset_order(parts)
         rows = _shaped(_Rows(rows.raw, with_metadata(rows.fields, rows.raw, spec.written_metadata, spec.key_format)),
                        spec, chunk)
-        rows = rows.without(_required_failures(rows.fields, spec, chunk), chunk)
+        if transform is not None:
+            rows = _transformed(rows, transform, chunk)
+        rows = rows.without(_required_failures(rows.fields, spec, chunk, transform), chunk)
         if rows.raw.num_rows:
             chunk.segments.append(rows.fields)
     chunk.bad_records.sort(key=lambda b: b.offset)
@@ -238,8 +246,24 @@ def _in_offset_order(parts: list[_Rows]) -> _Rows:
     return rows.take(pc.sort_indices(raw.column("offset")))
 
 
-def _required_failures(table: pa.Table, spec: DecodeSpec, chunk: DecodedChunk) -> Failures:
+def _transformed(rows: _Rows, transform: Transform, chunk: DecodedChunk) -> _Rows:
+    """The statement's rows, each beside its record; the records its WHERE left out are counted."""
+    out = transform.apply(rows.fields)
+    if out.num_rows == rows.raw.num_rows:  # offsets strictly increase and come from the input: the same rows
+        return _Rows(rows.raw, out)
+    raw = rows.raw.filter(pc.is_in(rows.raw.column("offset"), value_set=out.column(OFFSET).combine_chunks()))
+    if raw.num_rows != out.num_rows:
+        raise TransformFailed("its output rows do not match the records' offsets")
+    chunk.filtered += rows.raw.num_rows - raw.num_rows
+    return _Rows(raw, out)
+
+
+def _required_failures(table: pa.Table, spec: DecodeSpec, chunk: DecodedChunk,
+                       transform: Transform | None) -> Failures:
     if spec.primary_keys_from_key and not chunk.primary_keys:
         reason = "record has no key, and the primary keys are the key's fields (SINK_PRIMARY_KEYS is unset)"
         return {row: (reason, "missing_key") for row in range(table.num_rows)}
-    return missing_fields(table, chunk.primary_keys, spec.order_field)
+    failures = missing_fields(table, chunk.primary_keys, spec.order_field)
+    if transform is None:
+        return failures
+    return {row: (f"{reason} after SINK_TRANSFORM_SQL", kind) for row, (reason, kind) in failures.items()}
