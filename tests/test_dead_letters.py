@@ -3,6 +3,7 @@ is committable past a dead letter the topic has not acknowledged."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +21,7 @@ from sink_service.kafka_source.admission import Range
 from sink_service.partition_task import ERROR_DEAD_LETTER, TaskSpec, process_range
 from sink_service.targets import build_target
 from tests.unit.config_helpers import config_problems, ems_env
-from uploader.directory import DirectorySettings
-from uploader.retry import RetryPolicy
+from tests.unit.test_partition_task import spec as task_spec
 
 HEADERS = [("trace", b"abc"), ("empty", None), ("trace", b"\xff\x00binary")]
 INVALID_TOPIC = "x" * 250  # longer than Kafka allows: every broker refuses it
@@ -37,18 +37,8 @@ def fresh_producers() -> Iterator[None]:
 
 
 def spec(tmp_path: Path, bootstrap: str, dlq: str, flush_records: int = 100) -> TaskSpec:
-    return TaskSpec(
-        decode=DecodeSpec(None, ("id",), "_offset"),
-        target_settings=DirectorySettings(path=str(tmp_path / "out"), retry=RetryPolicy(max_elapsed_s=1)),
-        build_target=build_target,
-        table_template="{topic}",
-        scratch_dir=str(tmp_path / "scratch"),
-        flush_bytes=1 << 30,
-        flush_records=flush_records,
-        compression="snappy",
-        error_policy="dlq",
-        dead_letters=DeadLetterSpec.of(dlq, {"bootstrap.servers": bootstrap}),
-    )
+    return dataclasses.replace(task_spec(tmp_path, "dlq", flush_records),
+                               dead_letters=DeadLetterSpec.of(dlq, {"bootstrap.servers": bootstrap}))
 
 
 def value(i: int, bad: set[int]) -> bytes:

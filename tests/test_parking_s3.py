@@ -12,7 +12,6 @@ from pathlib import Path
 import boto3
 import pyarrow.parquet as pq
 import pytest
-from moto.server import ThreadedMotoServer
 
 from sink_service.config import load_config
 from sink_service.decode import DecodeSpec
@@ -22,6 +21,8 @@ from sink_service.targets import build_target, target_settings
 from tests.unit.config_helpers import config_problems, ems_env
 from tests.unit.test_partition_task import reader, topic_log
 from uploader import cli
+
+pytestmark = pytest.mark.usefixtures("aws_env")  # dummy credentials, nothing from the machine
 
 AUTH = "AppKey parking-s3-test-key"
 REGION = "us-east-1"
@@ -36,27 +37,6 @@ def ems(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     server.start()
     yield server
     server.stop()
-
-
-@pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-@pytest.fixture(autouse=True)
-def aws_env(monkeypatch, tmp_path):
-    """Dummy credentials through boto3's standard chain; nothing from the machine's ~/.aws or IMDS."""
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing-key-id")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing-secret-key")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
-        monkeypatch.delenv(name, raising=False)
 
 
 def environment(ems, moto_url: str, parked: str, **more: str) -> dict[str, str]:

@@ -17,7 +17,6 @@ import boto3
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from moto.server import ThreadedMotoServer
 
 from sink_service.config import ConfigError, load_config
 from sink_service.targets import build_target, target_settings
@@ -35,31 +34,10 @@ from uploader.s3 import (
 )
 from uploader.target import UploadTarget
 
+pytestmark = pytest.mark.usefixtures("aws_env")  # dummy credentials, nothing from the machine
+
 FAST = RetryPolicy(max_elapsed_s=3.0, initial_backoff_s=0.01, max_backoff_s=0.05)
 REGION = "us-east-1"
-
-
-@pytest.fixture(scope="module")
-def moto_url():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-@pytest.fixture(autouse=True)
-def aws_env(monkeypatch, tmp_path):
-    """Dummy credentials through boto3's standard chain; nothing from the machine's ~/.aws or IMDS."""
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing-key-id")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing-secret-key")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ROLE_ARN",
-                 "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-                 "AWS_CONTAINER_CREDENTIALS_FULL_URI", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture

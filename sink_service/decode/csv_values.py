@@ -29,7 +29,6 @@ import pyarrow.compute as pc
 import pyarrow.csv as pv
 
 from sink_service.decode.bad_records import Failures
-from sink_service.decode.column_types import unify
 from sink_service.decode.json_values import ParsedValues
 
 RAW_VALUE_COLUMN = "value"
@@ -61,13 +60,7 @@ def parse_csv(values: pa.Array, fmt: CsvFormat) -> ParsedValues:
                 rows.extend(members[start:end])
             else:
                 failures[members[start]] = parsed
-    if not tables:
-        return ParsedValues(None, pa.array([], pa.int64()), failures)
-    table = tables[0] if len(tables) == 1 else pa.concat_tables(unify(tables))
-    if len(rows) == len(values) and len(tables) == 1:
-        return ParsedValues(table, None, failures)
-    order = np.argsort(np.asarray(rows), kind="stable")
-    return ParsedValues(table.take(pa.array(order)), pa.array(np.asarray(rows)[order], pa.int64()), failures)
+    return ParsedValues.gathered(tables, rows, len(values), failures)
 
 
 Groups = dict[tuple[str, ...] | None, tuple[list[int], pa.Array]]  # header -> (rows, their bodies)

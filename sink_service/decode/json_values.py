@@ -52,6 +52,18 @@ class ParsedValues:
     rows: pa.Array | None  # positions of the table's rows among the values; None: every value parsed
     failures: Failures
 
+    @classmethod
+    def gathered(cls, tables: list[pa.Table], rows: list[int], total: int, failures: Failures) -> ParsedValues:
+        """Tables parsed group by group (`rows`: each of their rows' position among `total` values),
+        joined by the widening lattice and put back in the values' order."""
+        if not tables:
+            return cls(None, pa.array([], pa.int64()), failures)
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(unify(tables))
+        if len(rows) == total and len(tables) == 1:
+            return cls(table, None, failures)
+        order = np.argsort(np.asarray(rows), kind="stable")
+        return cls(table.take(pa.array(order)), pa.array(np.asarray(rows)[order], pa.int64()), failures)
+
 
 class _ParseFailure(Exception):
     def __init__(self, message: str, kind: str = "invalid_json"):

@@ -25,7 +25,7 @@ import pyarrow as pa
 import requests
 import tenacity
 
-from sink_service.decode.column_types import unify, without_empty_structs
+from sink_service.decode.column_types import without_empty_structs
 from sink_service.decode.json_values import ParsedValues
 from uploader.classify import is_certificate_failure
 from uploader.masking import mask_userinfo
@@ -204,13 +204,7 @@ def parse_framed(values: pa.Array, settings: RegistrySettings, build: Build, inv
                                  invalid_kind)
         if decoded:
             tables.append(without_empty_structs(pa.Table.from_pylist(decoded, schema=schema_decoder.schema)))
-    if not tables:
-        return ParsedValues(None, pa.array([], pa.int64()), failures)
-    table = tables[0] if len(tables) == 1 else pa.concat_tables(unify(tables))
-    if len(rows) == len(values) and len(tables) == 1:
-        return ParsedValues(table, None, failures)
-    order = np.argsort(np.asarray(rows), kind="stable")
-    return ParsedValues(table.take(pa.array(order)), pa.array(np.asarray(rows)[order], pa.int64()), failures)
+    return ParsedValues.gathered(tables, rows, len(values), failures)
 
 
 Members = list[tuple[int, bytes, int]]  # row, value, where its payload starts
