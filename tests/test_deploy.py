@@ -387,12 +387,12 @@ def container() -> dict:
     return only
 
 
-def test_single_replica_recreated_never_overlapping():
+def test_replicas_roll_one_at_a_time_without_surge():
     spec = k8s_objects()["Deployment"]["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"]["type"] == "Recreate"
+    assert spec["replicas"] >= 1
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
     text = (K8S / "deployment.yaml").read_text()
-    assert "consumer group" in text and "Spark" in text, "deployment.yaml explains the single replica"
+    assert "consumer group" in text and "static group member" in text, "deployment.yaml explains replicas"
 
 
 def test_grace_period_exceeds_shutdown_timeout():
