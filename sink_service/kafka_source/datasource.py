@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import gc
 import json
 import logging
 import pickle
@@ -172,6 +173,21 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
             return read_range(rng, config, o.read_batch_max_bytes)
 
         yield process_range(o.task_spec(), partition.range, read, decode_schema(partition.column_types))
+        _freeze_worker_heap()
+
+
+def _freeze_worker_heap() -> None:
+    """Keep what a worker loaded for its first task out of every later garbage collection.
+
+    Spark's daemon runs a full `gc.collect()` after every task of a reused Python worker. With
+    pyarrow, PySpark and this package loaded that walks ~100k long-lived objects, about 30 ms a
+    task, 40% of the workers' CPU at a live 20k records/s. After the first task (so lazily
+    imported modules are in) they move to the permanent generation. Later collections still see
+    every object created since, and refcounting frees frozen objects as usual.
+    """
+    if gc.get_freeze_count() == 0:
+        gc.collect()
+        gc.freeze()
 
 
 def _check_log_ends(positions: dict[tuple[str, int], int], ends: dict[tuple[str, int], int]) -> None:
