@@ -201,7 +201,7 @@ class Pipeline:
     def start_query(self) -> StreamingQuery:
         """Plan the partitions the group assigned, from its committed offsets (checked against retention)."""
         c = self.config
-        settled = self.membership.wait_assignment(ASSIGNMENT_WAIT_S)
+        settled = self.membership.wait_assignment(ASSIGNMENT_WAIT_S, stop=self.stopping)
         if settled is None:
             raise KafkaException(f"consumer group {c.group_id} assigned no partitions within {ASSIGNMENT_WAIT_S:.0f}s")
         assigned, self._epoch = settled

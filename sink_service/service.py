@@ -116,6 +116,8 @@ class SinkService:
                 log.error("%s", exc)
                 return EXIT_FATAL
             except KafkaException as exc:
+                if self._stop_requested.is_set():
+                    break  # stopped while waiting for the broker or the group: nothing was read
                 self.health.update(broker_ok=False, reason=f"broker unreachable: {exc}")
                 log.error("cannot reach Kafka: %s; retrying in %.0fs", exc, backoff_s)
                 backoff_s = self._backoff(backoff_s)

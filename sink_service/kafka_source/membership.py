@@ -92,10 +92,12 @@ class GroupMembership:
         self._closing.set()
         self._thread.join(ANSWER_S)
 
-    def wait_assignment(self, timeout_s: float) -> tuple[frozenset[TP], int] | None:
-        """The settled assignment and its epoch; None if the group gave none within the timeout."""
+    def wait_assignment(self, timeout_s: float, stop: threading.Event | None = None,
+                        ) -> tuple[frozenset[TP], int] | None:
+        """The settled assignment and its epoch; None if the group gave none within the timeout or
+        `stop` was set meanwhile (a SIGTERM while the broker is unreachable must not wait it out)."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not self._closing.is_set():
+        while time.monotonic() < deadline and not self._closing.is_set() and not (stop and stop.is_set()):
             assigned, epoch = self.assigned, self.epoch
             if assigned is not None and not self.revoking:
                 return assigned, epoch

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -107,3 +108,12 @@ def test_revoke_gives_up_waiting_after_its_bound():
     assert group.assigned is None
     with pytest.raises(CommitRefused):
         commit(group, {("orders", 0): 7}, epoch=1)
+
+
+def test_waiting_for_an_assignment_ends_when_the_service_stops():
+    group, _ = member()
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    started = time.monotonic()
+    assert group.wait_assignment(30, stop=stop) is None
+    assert time.monotonic() - started < 5
