@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from devkit.brokers import free_port
 from devkit.kafka_data import Workload, committed_offsets, create_topics, end_offsets, produce_orders
 from devkit.service_process import ServiceProcess, wait_until
 from tests.e2e.checks import all_committed, assert_ranges_cover, assert_table_exact, scrape_metrics, table_matches
@@ -141,3 +142,17 @@ def test_an_instance_without_partitions_is_a_ready_idle_standby(bootstrap, ems, 
                "delivery by the owner", process=first)
     assert first.terminate() == 0 and second.terminate() == 0
     assert "uploaded topic=" not in second.output()
+
+
+def test_sigterm_while_the_broker_is_unreachable_at_start_stops_at_once(unique, service_env, services):
+    # No broker answers: the service waits for the group's assignment. A stop must not wait that out
+    # (60 s, longer than a pod's grace period).
+    env = service_env(unique("nobroker"), unique("group"), SINK_KAFKA_BOOTSTRAP_SERVERS=f"127.0.0.1:{free_port()}")
+    service = services(env)
+    wait_until(lambda: "HTTP endpoints on port" in service.output() and "spark" in service.output().lower(), 60,
+               "the service starting", process=service)
+    time.sleep(8)  # Spark up, waiting for the group
+    started = time.monotonic()
+    assert service.terminate(timeout_s=30) == 0, service.output()[-3000:]
+    assert time.monotonic() - started < 15, f"the stop took {time.monotonic() - started:.1f}s"
+    assert "cannot reach Kafka" not in service.output().split("stop requested")[-1]
