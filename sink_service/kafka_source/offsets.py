@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
+from typing import TypeVar
 
-from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 log = logging.getLogger(__name__)
 
 TP = tuple[str, int]
 _TIMEOUT_S = 30.0
+T = TypeVar("T")
 
 
 class OffsetGapError(Exception):
@@ -43,8 +46,22 @@ class KafkaOffsets:
     """Thin, explicit wrapper over the admin API; every call is a round trip to the brokers."""
 
     def __init__(self, client_config: Mapping[str, str], group_id: str):
-        self._admin = AdminClient(dict(client_config))
+        self._config = dict(client_config)
+        self._admin = AdminClient(self._config)
         self._group_id = group_id
+
+    def _answer(self, future: Future[T]) -> T:
+        """A request's result; a client that timed out is replaced before the error goes up.
+
+        After a broker restart an AdminClient can keep timing out on the group coordinator
+        (list_consumer_group_offsets, seen with noida-db) while a new client is answered at once.
+        """
+        try:
+            return future.result()
+        except KafkaException as exc:
+            if exc.args and exc.args[0].code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT):
+                self._admin = AdminClient(self._config)
+            raise
 
     def _list_offsets(self, tps: Iterable[TP], spec: OffsetSpec) -> dict[TP, int]:
         request = {TopicPartition(t, p): spec for t, p in tps}
@@ -53,7 +70,7 @@ class KafkaOffsets:
         futures = self._admin.list_offsets(
             request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=_TIMEOUT_S
         )
-        return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+        return {(tp.topic, tp.partition): self._answer(f).offset for tp, f in futures.items()}
 
     def earliest(self, tps: Iterable[TP]) -> dict[TP, int]:
         return self._list_offsets(tps, OffsetSpec.earliest())
@@ -70,7 +87,7 @@ class KafkaOffsets:
         futures = self._admin.list_consumer_group_offsets(
             [ConsumerGroupTopicPartitions(self._group_id, request)], request_timeout=_TIMEOUT_S
         )
-        result = next(iter(futures.values())).result()
+        result = self._answer(next(iter(futures.values())))
         return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions if tp.offset >= 0}
 
     def commit(self, offsets: Mapping[TP, int]) -> None:
@@ -85,7 +102,7 @@ class KafkaOffsets:
         futures = self._admin.alter_consumer_group_offsets(
             [ConsumerGroupTopicPartitions(self._group_id, request)], request_timeout=_TIMEOUT_S
         )
-        result = next(iter(futures.values())).result()
+        result = self._answer(next(iter(futures.values())))
         errors = [tp for tp in result.topic_partitions if tp.error is not None]
         if errors:
             raise KafkaException(f"commit refused for {errors}")
