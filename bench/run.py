@@ -191,6 +191,8 @@ def run_system(system: System, ctx: RunContext, produced: Produced, endpoint: Lo
     if hasattr(system, "phases"):
         result["phases"] = system.phases(started_wall)
     latency = latency_stats(out.upload_s, out.produced_ms, started_wall)
+    if not getattr(system, "timestamps_known", True):  # only latency from the start is known
+        latency = {k: v for k, v in latency.items() if not k.startswith("raw_")}
     result["latency"] = latency
     result["latency_p50_s"], result["latency_p99_s"] = latency.get("p50_s"), latency.get("p99_s")
     log(f"{system.name}: {total / wall:,.0f} records/s, first commit {timeline.first_commit_s:.1f}s, "
@@ -202,7 +204,7 @@ def run_system(system: System, ctx: RunContext, produced: Produced, endpoint: Lo
 def run_context(args, bootstrap: str, endpoint: LocalEmsServer, topic: str, workdir: Path) -> RunContext:
     return RunContext(bootstrap, topic, args.partitions, endpoint.items_url(), AUTHORIZATION, workdir,
                       args.flush_records, args.flush_interval_ms, args.max_files_per_batch, dict(args.service_env),
-                      args.pathway_autocommit_ms, args.transform_sql)
+                      args.pathway_autocommit_ms, bool(args.live_rates) or args.pathway_metadata, args.transform_sql)
 
 
 def run_workload(bootstrap: str, endpoint: LocalEmsServer, spec: WorkloadSpec, args, work: Path,
@@ -257,6 +259,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="Pathway's autocommit_duration_ms, the longest time read data waits before it goes "
                              "through its engine into the file (default: Pathway's 1,500 in a backlog run, "
                              "--flush-interval-ms in a live run)")
+    parser.add_argument("--pathway-metadata", action="store_true",
+                        help="backlog run: read with Pathway's `_metadata` column too (always on in live mode, "
+                             "where latency needs the Kafka timestamps)")
     parser.add_argument("--transform-sql", default=DEFAULT_TRANSFORM_SQL,
                         help="SINK_TRANSFORM_SQL of the opt-in system service+sql")
     parser.add_argument("--max-files-per-batch", type=int, default=None,
@@ -342,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
                      "max_files_per_batch": args.max_files_per_batch or "service default",
                      "service_env": args.service_env or None, "systems": ",".join(args.systems),
                      "pathway_autocommit_ms": args.pathway_autocommit_ms,
+                     "pathway_metadata": bool(args.live_rates) or args.pathway_metadata,
                      "transform_sql": args.transform_sql if "service+sql" in args.systems else None,
                      "broker": args.broker or os.environ.get("SINK_TEST_BROKER", "noida")},
         "environment": {"machine": machine_info(), "versions": versions(args.systems)},
