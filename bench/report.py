@@ -151,7 +151,8 @@ def run_markdown(run: dict, heading: str = "###") -> str:
         f"{w['keys']:,} keys (topic `{run['topic']}`)",
         "",
         f"Produced in {run['produce_s']:.1f}s ({run['records'] / run['produce_s']:,.0f} records/s), "
-        f"{run['payload_bytes'] / 1e6:.1f} MB of keys and values.",
+        f"{run['payload_bytes'] / 1e6:.1f} MB of keys and values."
+        + (f" Flush threshold {run['flush_records']:,} records per partition." if run.get("flush_records") else ""),
         "",
         "| | " + " | ".join(systems[n]["label"] for n in names) + " |",
         "|---|" + "---:|" * len(names),

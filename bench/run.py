@@ -213,9 +213,15 @@ def run_workload(bootstrap: str, endpoint: LocalEmsServer, spec: WorkloadSpec, a
     produced = produce_workload(bootstrap, spec, topic)
     workdir = work / topic
     workdir.mkdir(parents=True)
-    ctx = replace(run_context(args, bootstrap, endpoint, topic, workdir), partitions=spec.partitions)
+    # A backlog smaller than --flush-records per partition would be flushed by the timer, not by size, and the
+    # run would measure --flush-interval-ms: cap the threshold at the largest partition (1M records over 8
+    # partitions: 125,000, one file per partition, as 250,000 gives at 2M).
+    flush_records = min(args.flush_records, max(produced.end_offsets.values()))
+    ctx = replace(run_context(args, bootstrap, endpoint, topic, workdir), partitions=spec.partitions,
+                  flush_records=flush_records)
     run = {"workload": spec.as_dict(), "topic": topic, "records": produced.records, "produce_s": produced.seconds,
-           "payload_bytes": produced.payload_bytes, "end_offsets": produced.end_offsets, "systems": {}}
+           "payload_bytes": produced.payload_bytes, "end_offsets": produced.end_offsets,
+           "flush_records": flush_records, "systems": {}}
     for name in args.systems:
         waited, busy = wait_until_quiet(args.quiet_cores, args.settle_timeout)
         log(f"running {name} (after {waited:.0f}s of rest; machine busy {busy:.2f} cores)")
