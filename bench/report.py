@@ -295,8 +295,7 @@ def sweep_markdown(result: dict) -> str:
                   "|---|" + "---:|" * (len(names) + len(pairs))]
         for run in result["runs"]:
             s, r = run["systems"], run.get("ratios", {})
-            lines.append(f"| {run['sweep_value']:,} | " if isinstance(run["sweep_value"], int) else
-                         f"| {run['sweep_value']} | ")
+            lines.append(f"| {_fmt(run['sweep_value'], '{:,}')} | ")
             lines[-1] += " | ".join(_fmt(s[n].get(key), "{:,.0f}") for n in names) + " | "
             lines[-1] += " | ".join(_fmt(r.get(pair, {}).get(key), "{:.2f}x") for pair in pairs) + " |"
         lines.append("")
@@ -304,7 +303,7 @@ def sweep_markdown(result: dict) -> str:
               f"| {result['sweep']} | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for run in result["runs"]:
         s = run["systems"]
-        lines.append(f"| {run['sweep_value']} | " + " | ".join(
+        lines.append(f"| {_fmt(run['sweep_value'], '{:,}')} | " + " | ".join(
             f"{_fmt(s[n].get('first_commit_s'), '{:.1f}')} / {_fmt(s[n].get('last_commit_s'), '{:.1f}')}"
             for n in names) + " |")
     return "\n".join(lines)
