@@ -16,6 +16,7 @@ line) minus the record's Kafka timestamp (its produce time).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -25,6 +26,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -120,7 +122,12 @@ def latency(out: Output) -> dict:
 
 
 def run_live_system(system: System, ctx: RunContext, producer: LiveProducer, endpoint: LocalEmsServer,
-                    group: str, args, broker_pids: list[int], rate: int) -> dict:
+                    group: str, args: argparse.Namespace, broker_pids: list[int], rate: int) -> dict:
+    """One system at one rate: start it, wait until it is up, produce, wait until it is done, stop it.
+
+    CPU is taken between the first record produced and the last commit, so start-up and the rest before
+    the producer starts do not count; peak RSS covers the whole run.
+    """
     result: dict = {"label": system.label, "group": group, "topic": ctx.topic,
                     "pushes_to_endpoint": system.pushes_to_endpoint}
     create_topics(ctx.bootstrap, {ctx.topic: ctx.partitions})
@@ -207,8 +214,8 @@ def run_live_system(system: System, ctx: RunContext, producer: LiveProducer, end
     return result
 
 
-def run_live(bootstrap: str, endpoint: LocalEmsServer, args, work: Path, stamp: str,
-             broker_pids: list[int], context) -> list[dict]:
+def run_live(bootstrap: str, endpoint: LocalEmsServer, args: argparse.Namespace, work: Path, stamp: str,
+             broker_pids: list[int], context: Callable[[str, Path], RunContext]) -> list[dict]:
     """One run per rate in args.live_rates; `context(topic, workdir)` builds each system's RunContext."""
     runs = []
     for rate in args.live_rates:
