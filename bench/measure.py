@@ -33,6 +33,9 @@ class ProcessTreeSampler:
         self.peak_processes = 0
         self.samples: list[tuple[float, int]] = []  # (monotonic, rss bytes)
         self._cpu: dict[int, float] = {}  # pid -> last seen user+system seconds of a tree member
+        # (pid, tid) -> last seen CPU seconds of a librdkafka broker thread ("rdk:broker*"): on noida-db an idle
+        # consumer's fetch threads spin, so CPU is reported with and without them.
+        self._fetch_cpu: dict[tuple[int, int], float] = {}
         self._kind: dict[int, str] = {}  # pid -> what the process is (see _process_kind)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
@@ -64,6 +67,17 @@ class ProcessTreeSampler:
         return sum(self._cpu.values())
 
     @property
+    def fetch_thread_cpu_s(self) -> float:
+        """CPU seconds of librdkafka's broker (fetch) threads in the tree."""
+        return sum(self._fetch_cpu.values())
+
+    def snapshot(self) -> dict:
+        """Take a sample now and return the tree's CPU so far: subtract two snapshots for a window's CPU."""
+        self.sample()
+        return {"cpu_s": self.tree_cpu_s, "fetch_thread_cpu_s": self.fetch_thread_cpu_s,
+                "cpu_s_by_kind": self.cpu_s_by_kind}
+
+    @property
     def cpu_s_by_kind(self) -> dict[str, float]:
         """CPU seconds of the tree by kind of process: where a multi-process system spends it."""
         totals: dict[str, float] = {}
@@ -92,6 +106,9 @@ class ProcessTreeSampler:
                     self._kind[p.pid] = "main" if p.pid == self.root.pid else _process_kind(p)
                 kind = self._kind[p.pid]
                 rss_by_kind[kind] = rss_by_kind.get(kind, 0) + rss
+            if self._kind.get(p.pid) != "jvm":  # no librdkafka in the JVM; it has the most threads
+                for tid, seconds in _fetch_thread_cpu(p.pid).items():
+                    self._fetch_cpu[(p.pid, tid)] = seconds
         rss = sum(rss_by_kind.values())
         self.samples.append((time.monotonic(), rss))
         if rss > self.peak_rss:
@@ -110,6 +127,34 @@ def _process_kind(p: psutil.Process) -> str:
     if program.startswith("python") and any("pyspark" in part for part in command[1:]):
         return "python workers"
     return "other"
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _fetch_thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds per librdkafka broker thread of a process (Linux: thread names from /proc/PID/task/TID/stat).
+
+    librdkafka names its threads `rdk:main`, `rdk:broker<id>` (one per broker connection: the fetch and
+    produce I/O) and so on; only the broker threads are counted.
+    """
+    found: dict[int, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        left, right = data.find(b"("), data.rfind(b")")
+        if not data[left + 1:right].startswith(b"rdk:broker"):
+            continue
+        fields = data[right + 2:].split()  # fields[0] is field 3 (state): utime is field 14, stime field 15
+        found[int(tid)] = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    return found
 
 
 def _cpu_seconds(p: psutil.Process) -> float:
@@ -153,7 +198,7 @@ def _steal(t) -> float:
 
 @dataclass
 class CommitTimeline:
-    """Committed offsets of one group, polled until they reach the end offsets."""
+    """Committed offsets of one group (or lines written), polled until they reach the end offsets."""
 
     started: float  # monotonic time the system's process was started
     points: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, committed records)
@@ -162,11 +207,85 @@ class CommitTimeline:
     last_commit_s: float | None = None
 
 
-class OffsetWatcher:
+UNKNOWN_END = 2**62  # live mode: the end offsets are known only once the producer has finished
+
+
+class ProgressWatcher:
+    """Polls how far a system got, into a CommitTimeline; subclasses say how (offsets committed, lines written).
+
+    Live mode polls while the producer runs (`begin`, then `poll`), sets the end offsets once it has finished
+    (`set_end`) and then waits (`wait_until_done`); a backlog run only waits.
+    """
+
+    def __init__(self, end_offsets: dict[int, int]):
+        self.end = dict(end_offsets)
+        self.timeline: CommitTimeline | None = None
+        self._last, self._progressed = -1, 0.0
+
+    @property
+    def total(self) -> int:
+        return sum(self.end.values())
+
+    def set_end(self, end_offsets: dict[int, int]) -> None:
+        self.end = dict(end_offsets)
+
+    def progress(self) -> tuple[int, bool]:
+        """(records done, whether everything is done); may raise while the broker is busy."""
+        raise NotImplementedError
+
+    def begin(self, started: float) -> None:
+        self.timeline = CommitTimeline(started)
+        self._last, self._progressed = -1, started
+
+    def poll(self) -> bool:
+        """One poll into the timeline; True once everything is done."""
+        assert self.timeline is not None
+        now = time.monotonic()
+        try:
+            done, complete = self.progress()
+        except Exception:  # broker busy: try again next round
+            return False
+        timeline, elapsed = self.timeline, now - self.timeline.started
+        if done != self._last:
+            timeline.points.append((elapsed, done))
+            self._last, self._progressed = done, now
+        if done > 0 and timeline.first_commit_s is None:
+            timeline.first_commit_s, timeline.first_commit_records = elapsed, done
+        if complete:
+            timeline.last_commit_s = elapsed
+        return complete
+
+    def wait_until_done(self, started: float, timeout_s: float, alive, stall_s: float,
+                        interval_s: float = 0.2) -> CommitTimeline:
+        """Poll until every partition is done (committed to its end offset, or all its lines written).
+
+        Gives up when `alive()` turns False, after `timeout_s`, or when nothing new was done for `stall_s`.
+        """
+        if self.timeline is None:
+            self.begin(started)
+        assert self.timeline is not None
+        deadline = self.timeline.started + timeout_s
+        self._progressed = max(self._progressed, time.monotonic())
+        while True:
+            if self.poll():
+                return self.timeline
+            now = time.monotonic()
+            if not alive():
+                raise RuntimeError(f"the system exited before finishing ({self._last}/{self.total})")
+            if now > deadline:
+                raise TimeoutError(f"not everything done after {timeout_s:.0f}s ({self._last}/{self.total})")
+            if now - self._progressed > stall_s:
+                raise TimeoutError(f"no progress for {stall_s:.0f}s ({self._last}/{self.total} so far)")
+            time.sleep(interval_s)
+
+
+class OffsetWatcher(ProgressWatcher):
+    """Progress = the consumer group's committed offsets (`AdminClient.list_consumer_group_offsets`)."""
+
     def __init__(self, bootstrap: str, group: str, topic: str, end_offsets: dict[int, int]):
+        super().__init__(end_offsets)
         self.admin = AdminClient({"bootstrap.servers": bootstrap})
-        self.group, self.topic, self.end = group, topic, end_offsets
-        self.total = sum(end_offsets.values())
+        self.group, self.topic = group, topic
 
     def committed(self) -> dict[int, int]:
         request = ConsumerGroupTopicPartitions(self.group, [TopicPartition(self.topic, p) for p in self.end])
@@ -174,39 +293,53 @@ class OffsetWatcher:
         result = next(iter(futures.values())).result()
         return {tp.partition: max(tp.offset, 0) for tp in result.topic_partitions}
 
-    def wait_until_done(self, started: float, timeout_s: float, alive, stall_s: float,
-                        interval_s: float = 0.2) -> CommitTimeline:
-        """Poll committed offsets until every partition's equals its end offset.
+    def progress(self) -> tuple[int, bool]:
+        committed = self.committed()
+        done = sum(min(committed.get(p, 0), end) for p, end in self.end.items())
+        return done, all(committed.get(p, 0) >= end for p, end in self.end.items())
 
-        Gives up when `alive()` turns False, after `timeout_s`, or when nothing new was committed for `stall_s`.
-        """
-        timeline = CommitTimeline(started)
-        deadline = started + timeout_s
-        last, progressed = -1, started
-        while True:
-            now = time.monotonic()
-            try:
-                committed = self.committed()
-            except Exception:  # broker busy: try again next round
-                committed = None
-            if committed is not None:
-                done = sum(min(committed.get(p, 0), end) for p, end in self.end.items())
-                elapsed = now - started
-                if done != last:
-                    timeline.points.append((elapsed, done))
-                    last, progressed = done, now
-                if done > 0 and timeline.first_commit_s is None:
-                    timeline.first_commit_s, timeline.first_commit_records = elapsed, done
-                if all(committed.get(p, 0) >= end for p, end in self.end.items()):
-                    timeline.last_commit_s = elapsed
-                    return timeline
-            if not alive():
-                raise RuntimeError(f"the system exited before committing everything ({last}/{self.total})")
-            if now > deadline:
-                raise TimeoutError(f"not everything committed after {timeout_s:.0f}s ({last}/{self.total})")
-            if now - progressed > stall_s:
-                raise TimeoutError(f"nothing committed for {stall_s:.0f}s ({last}/{self.total} so far)")
-            time.sleep(interval_s)
+
+class LineWatcher(ProgressWatcher):
+    """Progress = lines in an output file (a system whose group offsets do not follow its output: Pathway).
+
+    Also keeps (wall time, lines) at every change, so each line's write time is known to within one poll.
+    """
+
+    def __init__(self, path: Path, end_offsets: dict[int, int]):
+        super().__init__(end_offsets)
+        self.path = path
+        self.lines = 0
+        self._position = 0
+        self.arrivals: list[tuple[float, int]] = []  # (time.time(), lines written by then)
+
+    def progress(self) -> tuple[int, bool]:
+        self.count()
+        return min(self.lines, self.total), self.lines >= self.total
+
+    def count(self) -> int:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._position)
+                data = f.read()
+        except FileNotFoundError:
+            return self.lines
+        if data:
+            # Count complete lines only: a partial last line is counted at the next poll.
+            complete = data.rfind(b"\n") + 1
+            self._position += complete
+            new = data.count(b"\n", 0, complete)
+            if new:
+                self.lines += new
+                self.arrivals.append((time.time(), self.lines))
+        return self.lines
+
+    def line_times(self) -> np.ndarray:
+        """Per line (file order): the wall time of the first poll that saw it."""
+        if not self.arrivals:
+            return np.empty(0)
+        times = np.array([t for t, _ in self.arrivals])
+        counts = np.array([n for _, n in self.arrivals])
+        return times[np.searchsorted(counts, np.arange(self.lines), side="right")]
 
 
 def latency_stats(upload_s: np.ndarray, produced_ms: np.ndarray, started_wall_s: float) -> dict:

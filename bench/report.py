@@ -53,18 +53,96 @@ def ratio(a, b) -> float | None:
     return None if a is None or b in (None, 0) else a / b
 
 
-def ratios(systems: dict[str, dict]) -> dict[str, dict[str, float | None]]:
+LIVE_ROWS = [  # (key, label, format) of a live run
+    ("rate_produced", "produce rate reached (records/s)", "{:,.0f}"),
+    ("records", "records", "{:,d}"),
+    ("startup_s", "start-up: process start to first record produced (s) [5]", "{:.1f}"),
+    ("cpu_s_per_m_records", "CPU seconds per million records, whole tree [6]", "{:.2f}"),
+    ("cpu_s_per_m_records_without_fetch", "... without librdkafka's broker (fetch) threads [6]", "{:.2f}"),
+    ("fetch_cpu_s_per_m_records", "... of which librdkafka's broker threads", "{:.2f}"),
+    ("latency_p50_s", "latency p50, produce->upload or file write (s) [7]", "{:.2f}"),
+    ("latency_p99_s", "latency p99, produce->upload or file write (s) [7]", "{:.2f}"),
+    ("drain_s", "last commit after the last record produced (s)", "{:.1f}"),
+    ("peak_rss_mb", "peak RSS, whole process tree, start-up included (MB)", "{:,.0f}"),
+    ("peak_processes", "processes in the tree (max)", "{:d}"),
+    ("broker_cpu_s", "CPU seconds meanwhile: broker [3]", "{:.1f}"),
+    ("endpoint_cpu_s", "CPU seconds meanwhile: endpoint + benchmark [3]", "{:.1f}"),
+    ("producer_cpu_s", "CPU seconds meanwhile: producer", "{:.1f}"),
+    ("files", "files", "{:d}"),
+    ("mean_file_mb", "mean file size (MB)", "{:.2f}"),
+    ("rows_in_files", "rows in files", "{:,d}"),
+    ("endpoint_rows", "rows in the endpoint table (distinct keys)", "{:,d}"),
+    ("other_load_cores", "other load on the machine (cores busy) [2]", "{:.2f}"),
+    ("steal_cores", "CPU taken by other virtual machines (steal, cores) [2]", "{:.2f}"),
+    ("busy_cores_before", "machine busy at the start (cores) [4]", "{:.2f}"),
+]
+LIVE_RATIOS = [
+    ("cpu_s_per_m_records", "CPU per million records", False),
+    ("cpu_s_per_m_records_without_fetch", "CPU per million records without fetch threads", False),
+    ("latency_p50_s", "latency p50", False),
+    ("latency_p99_s", "latency p99", False),
+    ("peak_rss_mb", "peak RSS", False),
+]
+PEERS = ("pathway", "quix", "handwritten")
+
+
+def ratios(systems: dict[str, dict], keys: list[tuple[str, str, bool]] = RATIOS) -> dict[str, dict[str, float | None]]:
+    """service / each peer present (and service+sql / service), for every key."""
     service = systems.get("service")
     out: dict[str, dict[str, float | None]] = {}
     if not service:
         return out
-    for other in ("quix", "handwritten"):
-        if other in systems:
-            out[f"service/{other}"] = {key: ratio(service.get(key), systems[other].get(key)) for key, _, _ in RATIOS}
+    pairs = [("service", other) for other in PEERS if other in systems]
+    if "service+sql" in systems:
+        pairs.append(("service+sql", "service"))
+    for a, b in pairs:
+        out[f"{a}/{b}"] = {key: ratio(systems[a].get(key), systems[b].get(key)) for key, _, _ in keys}
     return out
 
 
+def _ratio_table(table: dict, keys: list[tuple[str, str, bool]]) -> list[str]:
+    if not table:
+        return []
+    lines = ["", "Ratios (service divided by peer; throughput: >1 means the service is faster; time, "
+                 "latency, memory, CPU: <1 means the service needs less):", "",
+             "| | " + " | ".join(table) + " |", "|---|" + "---:|" * len(table)]
+    for key, label, _ in keys:
+        lines.append(f"| {label} | " + " | ".join(_fmt(table[c].get(key), "{:.2f}x") for c in table) + " |")
+    return lines
+
+
+def live_run_markdown(run: dict, heading: str = "###") -> str:
+    systems = run["systems"]
+    names = list(systems)
+    w = run["workload"]
+    lines = [
+        f"{heading} Live: {run['rate']:,} records/s for {run['seconds']:.0f} s ({run['records']:,} records x "
+        f"{w['record_size']} B, {w['partitions']} partitions, {w['keys']:,} keys), each system on its own topic",
+        "",
+        "| | " + " | ".join(systems[n]["label"] for n in names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    for key, label, fmt in LIVE_ROWS:
+        lines.append(f"| {label} | " + " | ".join(_fmt(systems[n].get(key), fmt) for n in names) + " |")
+    for n in names:
+        kinds = systems[n].get("cpu_s_by_process_kind")
+        if kinds and len(kinds) > 1 and systems[n].get("records"):
+            per_m = systems[n]["records"] / 1e6
+            lines += ["", f"{systems[n]['label']}: CPU seconds per million records by process: " + ", ".join(
+                f"{kind} {seconds / per_m:.2f}" for kind, seconds in sorted(kinds.items()))
+                + "; peak RSS by process (MB): " + ", ".join(
+                f"{kind} {mb:,}" for kind, mb in sorted(systems[n].get("peak_rss_mb_by_process_kind", {}).items()))
+                + "."]
+    errors = [f"- **{systems[n]['label']}** failed: {systems[n]['error']}" for n in names if systems[n].get("error")]
+    if errors:
+        lines += ["", *errors]
+    lines += _ratio_table(run.get("ratios", {}), LIVE_RATIOS)
+    return "\n".join(lines)
+
+
 def run_markdown(run: dict, heading: str = "###") -> str:
+    if run.get("mode") == "live":
+        return live_run_markdown(run, heading)
     systems = run["systems"]
     names = list(systems)
     w = run["workload"]
@@ -73,7 +151,8 @@ def run_markdown(run: dict, heading: str = "###") -> str:
         f"{w['keys']:,} keys (topic `{run['topic']}`)",
         "",
         f"Produced in {run['produce_s']:.1f}s ({run['records'] / run['produce_s']:,.0f} records/s), "
-        f"{run['payload_bytes'] / 1e6:.1f} MB of keys and values.",
+        f"{run['payload_bytes'] / 1e6:.1f} MB of keys and values."
+        + (f" Flush threshold {run['flush_records']:,} records per partition." if run.get("flush_records") else ""),
         "",
         "| | " + " | ".join(systems[n]["label"] for n in names) + " |",
         "|---|" + "---:|" * len(names),
@@ -99,13 +178,7 @@ def run_markdown(run: dict, heading: str = "###") -> str:
     errors = [f"- **{systems[n]['label']}** failed: {systems[n]['error']}" for n in names if systems[n].get("error")]
     if errors:
         lines += ["", *errors]
-    table = run.get("ratios", {})
-    if table:
-        lines += ["", "Ratios (service divided by peer; throughput: >1 means the service is faster; time, "
-                      "latency, memory, CPU: <1 means the service needs less):", "",
-                  "| | " + " | ".join(table) + " |", "|---|" + "---:|" * len(table)]
-        for key, label, _ in RATIOS:
-            lines.append(f"| {label} | " + " | ".join(_fmt(table[c].get(key), "{:.2f}x") for c in table) + " |")
+    lines += _ratio_table(run.get("ratios", {}), RATIOS)
     return "\n".join(lines)
 
 
@@ -113,7 +186,8 @@ NOTES = """\
 [1] Every system consumes a backlog produced before it started (and before the systems that ran
 earlier), so latency is measured from max(produce timestamp, system start) to the file's arrival: for
 the service and the hand-written pipeline the endpoint's `received_at` of the file holding the record,
-for Quix the file's mtime on local disk. The raw produce->upload figures are in results.json.
+for Quix the file's mtime on local disk, for Pathway the first 0.1-0.2 s poll that saw the line in its
+output file. The raw produce->upload figures are in results.json.
 [2] CPU time of processes other than the system, the benchmark (which hosts the endpoint) and the broker,
 divided by the system's wall time: a CI run sharing the machine shows up here. Steal is CPU time the
 hypervisor gave to other virtual machines while this one wanted it (the `st` of `top`); on a 2-core VM
@@ -125,9 +199,66 @@ of the cost of a run, not counted in the system's own CPU seconds.
 for 2 s). noida-db keeps a full core busy for about 12 s after 2M records are produced; with a fixed
 pause, the system that runs first would share the machine with that work.
 
+[5] Live mode: the producer starts once the system is up (its librdkafka consumer exists; the service: its
+streaming query has started) plus --live-settle seconds; everything before is start-up, excluded from CPU.
+[6] Live mode: user + system CPU of every process of the system (JVM and Python workers included) from the
+first record produced to the last commit (Pathway: last line written). librdkafka's broker threads
+(`rdk:broker*`, the fetch I/O) are also counted on their own: on noida-db an idle consumer's fetch loop
+spins (about 0.5 cores for Pathway between batches), so "without" is the figure that shows the work.
+[7] Live mode: per record, the arrival of its file at the endpoint (service, hand-written) or the time it
+was on disk (Quix: file mtime; Pathway: the 0.1 s poll that first saw its line) minus its Kafka timestamp
+(produce time).
+
 Only the service and the hand-written pipeline push each file to the EMS-compatible endpoint (which
 parses it and upserts it into SQLite inside the benchmark process, on the same cores); Quix writes local
-files and pushes nothing. Compare ratios, not absolute numbers: the machine is shared and noisy."""
+Parquet files and Pathway a local JSON Lines file, and neither pushes anything. Pathway's group offsets
+follow what it has read (librdkafka auto-commit), not what it has written: its "commits" here are lines in
+its output file. Compare ratios, not absolute numbers: the machine is shared and noisy."""
+
+GIB_1_5 = 1.5 * 1024  # MB (MiB): the peak RSS target
+
+
+def _verdict(value: float | None, limit: float, higher_is_better: bool, fmt: str) -> str:
+    if value is None:
+        return "not measured"
+    met = value >= limit if higher_is_better else value <= limit
+    return f"{'met' if met else 'NOT met'} ({fmt.format(value)})"
+
+
+def targets_markdown(result: dict) -> str:
+    """Issue #13's targets, met or not, with the number, per run."""
+    lines = ["### Targets (issue #13)", "", "| run | target | result |", "|---|---|---|"]
+    for run in result["runs"]:
+        systems, table = run["systems"], run.get("ratios", {})
+        service = systems.get("service", {})
+        if run.get("mode") == "live":
+            name = f"live {run['rate']:,}/s"
+            hw = table.get("service/handwritten", {})
+            rows = [
+                ("CPU per million <= 1.2x hand-written",
+                 _verdict(hw.get("cpu_s_per_m_records"), 1.2, False, "{:.2f}x")),
+                ("... without fetch threads",
+                 _verdict(hw.get("cpu_s_per_m_records_without_fetch"), 1.2, False, "{:.2f}x")),
+                ("p99 latency no worse than hand-written", _verdict(hw.get("latency_p99_s"), 1.0, False, "{:.2f}x")
+                 + f": {_fmt(service.get('latency_p99_s'), '{:.2f}')} s vs "
+                 f"{_fmt(systems.get('handwritten', {}).get('latency_p99_s'), '{:.2f}')} s"),
+                ("peak RSS <= 1.5 GiB", _verdict(service.get("peak_rss_mb"), GIB_1_5, False, "{:,.0f} MB")),
+            ]
+        else:
+            name = f"backlog {run['records']:,}"
+            rows = [
+                ("start -> last commit >= 1.0x Pathway",
+                 _verdict(table.get("service/pathway", {}).get("records_per_s"), 1.0, True, "{:.2f}x")),
+                ("start -> last commit >= 2.5x Quix",
+                 _verdict(table.get("service/quix", {}).get("records_per_s"), 2.5, True, "{:.2f}x")),
+                ("after first commit >= 1.0x hand-written",
+                 _verdict(table.get("service/handwritten", {}).get("after_first_commit_records_per_s"), 1.0, True,
+                          "{:.2f}x")),
+                ("first commit <= 5 s after start", _verdict(service.get("first_commit_s"), 5.0, False, "{:.1f} s")),
+                ("peak RSS <= 1.5 GiB", _verdict(service.get("peak_rss_mb"), GIB_1_5, False, "{:,.0f} MB")),
+            ]
+        lines += [f"| {name} | {target} | {verdict} |" for target, verdict in rows]
+    return "\n".join(lines)
 
 
 def markdown(result: dict) -> str:
@@ -144,24 +275,37 @@ def markdown(result: dict) -> str:
     ]
     for run in result["runs"]:
         parts += [run_markdown(run), ""]
-    if len(result["runs"]) > 1:
+    if len(result["runs"]) > 1 and result.get("mode") != "live":
         parts += [sweep_markdown(result), ""]
+    if "service" in result["runs"][0]["systems"]:
+        parts += [targets_markdown(result), ""]
     parts += [NOTES, ""]
     return "\n".join(parts)
 
 
 def sweep_markdown(result: dict) -> str:
+    """Per sweep value: each system's throughput and first commit, and the service's ratios to each peer."""
     names = list(result["runs"][0]["systems"])
-    lines = ["### Sweep: records/s (start to last commit)", "",
-             f"| {result['sweep']} | " + " | ".join(names) + " | service/quix | service/handwritten |",
-             "|---|" + "---:|" * (len(names) + 2)]
+    pairs = list(result["runs"][0].get("ratios", {}))
+    lines = []
+    for key, title in (("records_per_s", "records/s (start to last commit)"),
+                       ("after_first_commit_records_per_s", "records/s after the first commit")):
+        lines += [f"### Sweep: {title}", "",
+                  f"| {result['sweep']} | " + " | ".join(names) + " | " + " | ".join(pairs) + " |",
+                  "|---|" + "---:|" * (len(names) + len(pairs))]
+        for run in result["runs"]:
+            s, r = run["systems"], run.get("ratios", {})
+            lines.append(f"| {_fmt(run['sweep_value'], '{:,}')} | ")
+            lines[-1] += " | ".join(_fmt(s[n].get(key), "{:,.0f}") for n in names) + " | "
+            lines[-1] += " | ".join(_fmt(r.get(pair, {}).get(key), "{:.2f}x") for pair in pairs) + " |"
+        lines.append("")
+    lines += ["### Sweep: time to first commit / last commit (s)", "",
+              f"| {result['sweep']} | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for run in result["runs"]:
         s = run["systems"]
-        r = run.get("ratios", {})
-        lines.append(
-            f"| {run['sweep_value']} | " + " | ".join(_fmt(s[n].get("records_per_s"), "{:,.0f}") for n in names)
-            + f" | {_fmt(r.get('service/quix', {}).get('records_per_s'), '{:.2f}x')}"
-            + f" | {_fmt(r.get('service/handwritten', {}).get('records_per_s'), '{:.2f}x')} |")
+        lines.append(f"| {_fmt(run['sweep_value'], '{:,}')} | " + " | ".join(
+            f"{_fmt(s[n].get('first_commit_s'), '{:.1f}')} / {_fmt(s[n].get('last_commit_s'), '{:.1f}')}"
+            for n in names) + " |")
     return "\n".join(lines)
 
 
@@ -172,6 +316,9 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     runs = result["runs"]
+    if result.get("mode") == "live":
+        _plot_live(result, path, plt)
+        return
     if len(runs) > 1:
         _plot_sweep(result, path, plt)
         return
@@ -179,7 +326,7 @@ def plot(result: dict, path: Path) -> None:
     systems = run["systems"]
     names = list(systems)
     labels = [systems[n]["label"].replace(" (", "\n(") for n in names]
-    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"][: len(names)]
+    colors = COLORS[: len(names)]
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     ax = axes[0][0]
     whole = [systems[n].get("records_per_s") or 0 for n in names]
@@ -223,6 +370,52 @@ def plot(result: dict, path: Path) -> None:
                  f"{result['environment']['machine'].get('cores')} cores (shared machine: compare ratios)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+COLORS = ["#1f77b4", "#9467bd", "#ff7f0e", "#2ca02c", "#d62728"]
+
+
+def _plot_live(result: dict, path: Path, plt) -> None:
+    """Per rate: CPU per million (with the fetch threads' share), latency p50/p99, peak RSS."""
+    runs = result["runs"]
+    fig, axes = plt.subplots(len(runs), 3, figsize=(16, 4.8 * len(runs)), squeeze=False)
+    for row, run in zip(axes, runs, strict=True):
+        systems = run["systems"]
+        names = list(systems)
+        labels = [systems[n]["label"].replace(" (", "\n(") for n in names]
+        colors = COLORS[: len(names)]
+        x = list(range(len(names)))
+        work = [systems[n].get("cpu_s_per_m_records_without_fetch") or 0 for n in names]
+        fetch = [systems[n].get("fetch_cpu_s_per_m_records") or 0 for n in names]
+        ax = row[0]
+        ax.bar(x, work, color=colors, label="without fetch threads")
+        bars = ax.bar(x, fetch, bottom=work, color=colors, alpha=0.35, hatch="//", label="librdkafka broker threads")
+        ax.bar_label(bars, labels=[f"{w:.1f} + {f:.1f}" for w, f in zip(work, fetch, strict=True)], fontsize=7)
+        ax.set_xticks(x, labels, fontsize=7)
+        ax.set_ylabel("CPU seconds per million records")
+        ax.set_title(f"{run['rate']:,}/s: CPU per million records")
+        ax.legend(fontsize=7)
+        ax = row[1]
+        p50 = [systems[n].get("latency_p50_s") or 0 for n in names]
+        p99 = [systems[n].get("latency_p99_s") or 0 for n in names]
+        ax.bar([i - 0.2 for i in x], p50, 0.4, color=colors, label="p50")
+        bars = ax.bar([i + 0.2 for i in x], p99, 0.4, color=colors, alpha=0.45, hatch="//", label="p99")
+        ax.bar_label(bars, labels=[f"{v:.1f}" for v in p99], fontsize=7)
+        ax.set_xticks(x, labels, fontsize=7)
+        ax.set_ylabel("seconds")
+        ax.set_title(f"{run['rate']:,}/s: latency produce -> upload / file write")
+        ax.legend(fontsize=7)
+        ax = row[2]
+        rss = [systems[n].get("peak_rss_mb") or 0 for n in names]
+        ax.bar_label(ax.bar(x, rss, color=colors), labels=[f"{v:,.0f}" for v in rss], fontsize=7)
+        ax.set_xticks(x, labels, fontsize=7)
+        ax.set_ylabel("MB")
+        ax.set_title(f"{run['rate']:,}/s: peak RSS, whole process tree")
+    fig.suptitle(f"Live mode, {runs[0]['seconds']:.0f} s per rate, {result['environment']['machine'].get('cores')} "
+                 "cores (shared machine: compare ratios)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 

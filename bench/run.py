@@ -1,11 +1,13 @@
-"""Benchmark the sink service side by side with Quix Streams FileSink and a hand-written pipeline.
+"""Benchmark the sink service side by side with Pathway, Quix Streams FileSink and a hand-written pipeline.
 
     .venv/bin/python -m bench.run [--records 2000000] [--partitions 8] [--sweep partitions|record-size|backlog]
+    .venv/bin/python -m bench.run --live-rates 20000,80000 [--live-seconds 60]
 
 Starts a local broker (noida-db) and the local EMS-compatible endpoint once, produces the workload once, then
 runs each system in turn against it, each with its own consumer group, until every partition's committed
-offset equals its end offset, and stops it. Writes bench/results/results.{json,md,png} (a sweep writes
-bench/results/sweep_<name>.*). Scratch data goes to bench/results/tmp/.
+offset equals its end offset (Pathway: until its output file holds every record), and stops it. Writes
+bench/results/results.{json,md,png} (a sweep writes bench/results/sweep_<name>.*, the live mode
+bench/results/live.*). Scratch data goes to bench/results/tmp/.
 """
 
 from __future__ import annotations
@@ -29,8 +31,19 @@ import psutil
 from confluent_kafka import libversion
 
 from bench import report
-from bench.measure import OffsetWatcher, ProcessTreeSampler, latency_stats, machine_info, wait_until_quiet
-from bench.systems import BENCH, QUIX_VENV, SYSTEMS, Output, RunContext, System
+from bench.live import run_live
+from bench.measure import ProcessTreeSampler, latency_stats, machine_info, wait_until_quiet
+from bench.systems import (
+    BENCH,
+    DEFAULT_SYSTEMS,
+    DEFAULT_TRANSFORM_SQL,
+    PATHWAY_VENV,
+    QUIX_VENV,
+    SYSTEMS,
+    Output,
+    RunContext,
+    System,
+)
 from bench.workload import Produced, WorkloadSpec, build_records, produce
 from devkit.brokers import running_broker
 from devkit.kafka_data import create_topics, end_offsets
@@ -39,33 +52,47 @@ from sink_service.java_home import resolve_java
 
 AUTHORIZATION = "AppKey bench-key"
 RESULTS = BENCH / "results"
-QUIX_REQUIREMENTS = BENCH / "requirements-quix.txt"
-SWEEPS = {"partitions": (1, 4, 16), "record-size": (100, 1000, 10_000), "backlog": (500_000, 2_000_000)}
+VENVS = {  # peers with dependencies that clash with the project's: each gets its own virtualenv
+    "quix": (QUIX_VENV, BENCH / "requirements-quix.txt"),  # quixstreams pins confluent-kafka<2.13
+    "pathway": (PATHWAY_VENV, BENCH / "requirements-pathway.txt"),  # its own pyarrow, rdkafka, ~50 packages
+}
+SWEEPS = {"partitions": (1, 4, 16), "record-size": (100, 1000, 10_000), "backlog": (1_000_000, 4_000_000)}
+BACKLOG_THRESHOLDS = (250_000, 10_000)  # default --flush-records, --flush-interval-ms of a backlog run
+LIVE_THRESHOLDS = (100_000, 5_000)  # ... of a live run: 5 s or 100,000 records per partition
 
 
 def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def ensure_quix_venv() -> Path:
-    """quixstreams pins confluent-kafka<2.13, the project needs 2.16: Quix gets its own virtualenv."""
-    python = QUIX_VENV / "bin" / "python"
-    digest = hashlib.sha256(QUIX_REQUIREMENTS.read_bytes()).hexdigest()[:16]
-    stamp = QUIX_VENV / f".installed-{digest}"
+def ensure_venv(venv: Path, requirements: Path) -> Path:
+    """A peer's own virtualenv from its requirements file, (re)installed when the file changes."""
+    python = venv / "bin" / "python"
+    digest = hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
+    stamp = venv / f".installed-{digest}"
     if stamp.exists() and python.exists():
         return python
-    log(f"creating {QUIX_VENV.relative_to(BENCH.parent)} for quixstreams (one-off)")
+    log(f"creating {venv.relative_to(BENCH.parent)} from {requirements.name} (one-off)")
     if not python.exists():
         base = getattr(sys, "_base_executable", None) or shutil.which("python3") or "python3"
-        subprocess.run([base, "-m", "venv", str(QUIX_VENV)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-r", str(QUIX_REQUIREMENTS)], check=True)
-    for old in QUIX_VENV.glob(".installed-*"):
+        subprocess.run([base, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-r", str(requirements)], check=True)
+    for old in venv.glob(".installed-*"):
         old.unlink()
     stamp.touch()
     return python
 
 
-def versions(with_quix: bool) -> dict[str, str]:
+def peer_versions(venv: Path, packages: tuple[str, ...]) -> dict[str, str]:
+    script = (f"import importlib.metadata as m, json; print(json.dumps({{p: m.version(p) for p in {packages!r}}}))")
+    try:
+        return json.loads(subprocess.run([str(venv / "bin" / "python"), "-c", script], capture_output=True,
+                                         text=True, check=True, timeout=60).stdout)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return {}
+
+
+def versions(systems: list[str]) -> dict[str, str]:
     found = {"python": sys.version.split()[0]}
     for package in ("pyspark", "pyarrow", "confluent-kafka", "noida-db", "numpy"):
         try:
@@ -78,17 +105,13 @@ def versions(with_quix: bool) -> dict[str, str]:
         found["java"] = java.splitlines()[0].split('"')[1] if '"' in java else java.strip()[:40]
     except (OSError, IndexError, subprocess.TimeoutExpired):
         found["java"] = "?"
-    if with_quix:
-        script = ("import importlib.metadata as m, json; print(json.dumps({p: m.version(p) for p in "
-                  "('quixstreams', 'confluent-kafka', 'pyarrow')}))")
-        try:
-            quix = json.loads(subprocess.run([str(QUIX_VENV / "bin" / "python"), "-c", script], capture_output=True,
-                                             text=True, check=True, timeout=60).stdout)
-            found["quixstreams"] = quix["quixstreams"]
-            found["quix venv confluent-kafka"] = quix["confluent-kafka"]
-            found["quix venv pyarrow"] = quix["pyarrow"]
-        except (OSError, subprocess.SubprocessError, ValueError, KeyError):
-            found["quixstreams"] = "?"
+    if "quix" in systems:
+        quix = peer_versions(QUIX_VENV, ("quixstreams", "confluent-kafka", "pyarrow"))
+        found["quixstreams"] = quix.get("quixstreams", "?")
+        found["quix venv confluent-kafka"] = quix.get("confluent-kafka", "?")
+        found["quix venv pyarrow"] = quix.get("pyarrow", "?")
+    if "pathway" in systems:
+        found["pathway"] = peer_versions(PATHWAY_VENV, ("pathway",)).get("pathway", "?")
     return found
 
 
@@ -112,9 +135,9 @@ def run_system(system: System, ctx: RunContext, produced: Produced, endpoint: Lo
                timeout_s: float, stall_s: float, broker_pids: list[int]) -> dict:
     result: dict = {"label": system.label, "group": group, "pushes_to_endpoint": system.pushes_to_endpoint}
     load_before = os.getloadavg()[0]
-    watcher = OffsetWatcher(ctx.bootstrap, group, produced.topic, produced.end_offsets)
     started, started_wall = time.monotonic(), time.time()
     system.start(ctx, group)
+    watcher = system.watcher(ctx, group, produced.end_offsets)
     sampler = ProcessTreeSampler(system.pid, ours=[os.getpid(), *broker_pids]).__enter__()
     try:
         timeline = watcher.wait_until_done(started, timeout_s, system.alive, stall_s)
@@ -168,6 +191,8 @@ def run_system(system: System, ctx: RunContext, produced: Produced, endpoint: Lo
     if hasattr(system, "phases"):
         result["phases"] = system.phases(started_wall)
     latency = latency_stats(out.upload_s, out.produced_ms, started_wall)
+    if not getattr(system, "timestamps_known", True):  # only latency from the start is known
+        latency = {k: v for k, v in latency.items() if not k.startswith("raw_")}
     result["latency"] = latency
     result["latency_p50_s"], result["latency_p99_s"] = latency.get("p50_s"), latency.get("p99_s")
     log(f"{system.name}: {total / wall:,.0f} records/s, first commit {timeline.first_commit_s:.1f}s, "
@@ -176,16 +201,27 @@ def run_system(system: System, ctx: RunContext, produced: Produced, endpoint: Lo
     return result
 
 
+def run_context(args, bootstrap: str, endpoint: LocalEmsServer, topic: str, workdir: Path) -> RunContext:
+    return RunContext(bootstrap, topic, args.partitions, endpoint.items_url(), AUTHORIZATION, workdir,
+                      args.flush_records, args.flush_interval_ms, args.max_files_per_batch, dict(args.service_env),
+                      args.pathway_autocommit_ms, bool(args.live_rates) or args.pathway_metadata, args.transform_sql)
+
+
 def run_workload(bootstrap: str, endpoint: LocalEmsServer, spec: WorkloadSpec, args, work: Path,
                  stamp: str, broker_pids: list[int]) -> dict:
     topic = f"bench_{spec.records}r_{spec.partitions}p_{spec.record_size}b_{stamp}"
     produced = produce_workload(bootstrap, spec, topic)
     workdir = work / topic
     workdir.mkdir(parents=True)
-    ctx = RunContext(bootstrap, topic, spec.partitions, endpoint.items_url(), AUTHORIZATION, workdir,
-                     args.flush_records, args.flush_interval_ms, args.max_files_per_batch, dict(args.service_env))
+    # A backlog smaller than --flush-records per partition would be flushed by the timer, not by size, and the
+    # run would measure --flush-interval-ms: cap the threshold at the largest partition (1M records over 8
+    # partitions: 125,000, one file per partition, as 250,000 gives at 2M).
+    flush_records = min(args.flush_records, max(produced.end_offsets.values()))
+    ctx = replace(run_context(args, bootstrap, endpoint, topic, workdir), partitions=spec.partitions,
+                  flush_records=flush_records)
     run = {"workload": spec.as_dict(), "topic": topic, "records": produced.records, "produce_s": produced.seconds,
-           "payload_bytes": produced.payload_bytes, "end_offsets": produced.end_offsets, "systems": {}}
+           "payload_bytes": produced.payload_bytes, "end_offsets": produced.end_offsets,
+           "flush_records": flush_records, "systems": {}}
     for name in args.systems:
         waited, busy = wait_until_quiet(args.quiet_cores, args.settle_timeout)
         log(f"running {name} (after {waited:.0f}s of rest; machine busy {busy:.2f} cores)")
@@ -219,20 +255,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--keys", type=int, default=200_000, help="distinct keys (records/keys updates each)")
     parser.add_argument("--record-size", type=int, default=130, help="bytes per JSON value")
-    parser.add_argument("--flush-records", type=int, default=250_000,
+    parser.add_argument("--flush-records", type=int, default=None,
                         help="records per file: SINK_FLUSH_RECORDS, the hand-written threshold, and Quix "
-                             "checkpoints of flush-records x partitions records")
-    parser.add_argument("--flush-interval-ms", type=int, default=10_000,
-                        help="SINK_FLUSH_INTERVAL_MS, the hand-written interval and Quix's commit interval")
+                             "checkpoints of flush-records x partitions records (default: 250,000; live: 100,000)")
+    parser.add_argument("--flush-interval-ms", type=int, default=None,
+                        help="SINK_FLUSH_INTERVAL_MS, the hand-written interval and Quix's commit interval "
+                             "(default: 10,000; live: 5,000, also Pathway's autocommit_duration_ms there)")
+    parser.add_argument("--pathway-autocommit-ms", type=int, default=None,
+                        help="Pathway's autocommit_duration_ms, the longest time read data waits before it goes "
+                             "through its engine into the file (default: Pathway's 1,500 in a backlog run, "
+                             "--flush-interval-ms in a live run)")
+    parser.add_argument("--pathway-metadata", action="store_true",
+                        help="backlog run: read with Pathway's `_metadata` column too (always on in live mode, "
+                             "where latency needs the Kafka timestamps)")
+    parser.add_argument("--transform-sql", default=DEFAULT_TRANSFORM_SQL,
+                        help="SINK_TRANSFORM_SQL of the opt-in system service+sql")
     parser.add_argument("--max-files-per-batch", type=int, default=None,
                         help="SINK_MAX_FILES_PER_BATCH (default: the service's own default)")
     parser.add_argument("--service-env", action="append", default=[], metavar="SINK_X=VALUE",
                         help="extra environment for the service, e.g. SINK_POLL_INTERVAL_MS=500 (repeatable)")
-    parser.add_argument("--systems", default="service,quix,handwritten", help="comma list, run in this order")
+    parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
+                        help=f"comma list, run in this order; one of {', '.join(SYSTEMS)} "
+                             "(service+sql is opt-in: it needs SINK_TRANSFORM_SQL in the service)")
     parser.add_argument("--sweep", choices=sorted(SWEEPS), help="run the workload at several values of one "
                                                                  "parameter instead of once")
     parser.add_argument("--sweep-bytes", type=int, default=500_000_000,
                         help="record-size sweep: records = min(--records, this / record size)")
+    parser.add_argument("--live-rate", type=int, action="append", default=[], metavar="RECORDS_PER_S",
+                        help="live mode: produce at this rate while each system runs (repeatable)")
+    parser.add_argument("--live-rates", default="", metavar="R1,R2", help="live mode: a comma list of rates")
+    parser.add_argument("--live-seconds", type=float, default=60, help="live mode: seconds of producing per system")
+    parser.add_argument("--live-ready-timeout", type=float, default=120,
+                        help="live mode: start producing after this long even if the system does not look ready")
+    parser.add_argument("--live-settle", type=float, default=3,
+                        help="live mode: seconds between the system looking ready and the first record")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one system may take")
     parser.add_argument("--stall-timeout", type=float, default=300,
                         help="give a system up when nothing new was committed for this many seconds")
@@ -244,6 +300,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--broker", default=None, help="noida (default), tansu or external (SINK_TEST_BOOTSTRAP)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the report")
     args = parser.parse_args(argv)
+    args.live_rates = [*args.live_rate, *(int(r) for r in args.live_rates.split(",") if r.strip())]
+    if args.live_rates and args.sweep:
+        parser.error("--sweep and the live mode (--live-rate/--live-rates) do not combine")
+    records, interval = LIVE_THRESHOLDS if args.live_rates else BACKLOG_THRESHOLDS
+    args.flush_records = args.flush_records or records
+    args.flush_interval_ms = args.flush_interval_ms or interval
+    if args.pathway_autocommit_ms is None:
+        args.pathway_autocommit_ms = args.flush_interval_ms if args.live_rates else 1500
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [s for s in args.systems if s not in SYSTEMS]
     if unknown:
@@ -276,8 +340,9 @@ def plan(args) -> list[tuple[object, WorkloadSpec]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if "quix" in args.systems:
-        ensure_quix_venv()
+    for name, (venv, requirements) in VENVS.items():
+        if name in args.systems:
+            ensure_venv(venv, requirements)
     stamp = time.strftime("%Y%m%d%H%M%S")
     work = RESULTS / "tmp" / "latest"
     shutil.rmtree(work, ignore_errors=True)
@@ -287,9 +352,13 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"flush_records": args.flush_records, "flush_interval_ms": args.flush_interval_ms,
                      "max_files_per_batch": args.max_files_per_batch or "service default",
                      "service_env": args.service_env or None, "systems": ",".join(args.systems),
+                     "pathway_autocommit_ms": args.pathway_autocommit_ms,
+                     "pathway_metadata": bool(args.live_rates) or args.pathway_metadata,
+                     "transform_sql": args.transform_sql if "service+sql" in args.systems else None,
                      "broker": args.broker or os.environ.get("SINK_TEST_BROKER", "noida")},
-        "environment": {"machine": machine_info(), "versions": versions("quix" in args.systems)},
+        "environment": {"machine": machine_info(), "versions": versions(args.systems)},
         "sweep": args.sweep,
+        "mode": "live" if args.live_rates else "backlog",
         "runs": [],
     }
     log(f"machine: {result['environment']['machine']}; versions: {result['environment']['versions']}")
@@ -299,9 +368,15 @@ def main(argv: list[str] | None = None) -> int:
         with running_broker(args.broker) as bootstrap:
             broker = psutil.Process().children(recursive=True)  # the broker (a launcher and its server)
             endpoint = LocalEmsServer(work / "ems", AUTHORIZATION).start()
+            broker_pids = [p.pid for p in broker]
             try:
-                for value, spec in plan(args):
-                    run = run_workload(bootstrap, endpoint, spec, args, work, stamp, [p.pid for p in broker])
+                if args.live_rates:
+                    result["settings"]["live_seconds"] = args.live_seconds
+                    result["runs"] = run_live(bootstrap, endpoint, args, work, stamp, broker_pids,
+                                              lambda topic, workdir: run_context(args, bootstrap, endpoint, topic,
+                                                                                 workdir))
+                for value, spec in plan(args) if not args.live_rates else ():
+                    run = run_workload(bootstrap, endpoint, spec, args, work, stamp, broker_pids)
                     run["sweep_value"] = value
                     result["runs"].append(run)
             finally:
@@ -309,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop_leftovers(broker)
     result["total_s"] = time.monotonic() - started
-    stem = "results" if args.sweep is None else f"sweep_{args.sweep.replace('-', '_')}"
+    stem = "live" if args.live_rates else "results" if args.sweep is None else f"sweep_{args.sweep.replace('-', '_')}"
     paths = report.write(result, args.out, stem)
     print(report.markdown(result))
     log(f"done in {result['total_s']:.0f}s; wrote {', '.join(str(p) for p in paths)}")

@@ -17,16 +17,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import requests
 
+from bench.measure import LineWatcher, OffsetWatcher, ProgressWatcher
 from devkit.brokers import free_port
 from devkit.service_process import ServiceProcess
 
 BENCH = Path(__file__).resolve().parents[1]
 REPO = BENCH.parent
 QUIX_VENV = BENCH / ".venv-quix"
+PATHWAY_VENV = BENCH / ".venv-pathway"
+DEFAULT_TRANSFORM_SQL = "SELECT *, amount * 2 AS amount2 FROM records"
 
 
 @dataclass
@@ -41,6 +45,9 @@ class RunContext:
     flush_interval_ms: int
     max_files_per_batch: int | None = None
     service_env: dict[str, str] = field(default_factory=dict)
+    pathway_autocommit_ms: int = 1500  # Pathway's autocommit_duration_ms (its default in a backlog run)
+    pathway_metadata: bool = False  # Pathway's `_metadata` column (Kafka timestamps): live mode only
+    transform_sql: str = DEFAULT_TRANSFORM_SQL  # SINK_TRANSFORM_SQL of the service+sql variant
 
 
 @dataclass
@@ -116,12 +123,24 @@ class System:
     def start(self, ctx: RunContext, group: str) -> None:
         raise NotImplementedError
 
+    def watcher(self, ctx: RunContext, group: str, end_offsets: dict[int, int]) -> ProgressWatcher:
+        """How the benchmark sees progress: the group's committed offsets, unless a system says otherwise."""
+        return OffsetWatcher(ctx.bootstrap, group, ctx.topic, end_offsets)
+
     @property
     def pid(self) -> int:
         raise NotImplementedError
 
     def alive(self) -> bool:
         raise NotImplementedError
+
+    def ready(self) -> bool:
+        """Live mode: whether the system is up and consuming, so the producer may start.
+
+        By default: one of its processes has a librdkafka broker thread, i.e. its consumer exists (the
+        benchmark then waits a little more for the group to assign it its partitions).
+        """
+        return _has_rdkafka_broker_thread(self.pid)
 
     def before_stop(self) -> dict:
         """Anything to read from the running system after its last commit (e.g. its metrics)."""
@@ -143,9 +162,13 @@ class SinkService(System):
 
     name, label = "service", "sink service (Spark)"
 
+    def extra_env(self, ctx: RunContext) -> dict[str, str]:
+        """Settings a variant of the service adds on top of the benchmark's."""
+        return {}
+
     def start(self, ctx: RunContext, group: str) -> None:
         self.http_port = free_port()
-        self.target = f"service_{ctx.topic}"
+        self.target = f"{self.name.replace('+', '_')}_{ctx.topic}"
         env = {
             "SINK_KAFKA_BOOTSTRAP_SERVERS": ctx.bootstrap,
             "SINK_TOPICS": ctx.topic,
@@ -165,7 +188,8 @@ class SinkService(System):
         if ctx.max_files_per_batch is not None:
             env["SINK_MAX_FILES_PER_BATCH"] = str(ctx.max_files_per_batch)
         env.update(ctx.service_env)
-        self.log_path = ctx.work / "service.log"
+        env.update(self.extra_env(ctx))
+        self.log_path = ctx.work / f"{self.name.replace('+', '_')}.log"
         self.process = ServiceProcess(env, self.log_path).start()
 
     @property
@@ -193,6 +217,24 @@ class SinkService(System):
 
     def phases(self, started_wall: float) -> dict:
         return service_phases(self.log_path.read_text(errors="replace"), started_wall)
+
+    def ready(self) -> bool:
+        """The streaming query has started (JVM, Spark session and source are up): live mode may produce."""
+        text = self.log_path.read_text(errors="replace")
+        return any(m.group(4).startswith("streaming query") and m.group(4).endswith("started")
+                   for m in map(_LOG_LINE.match, text.splitlines()) if m)
+
+
+class SinkServiceSql(SinkService):
+    """(a') the service with a SQL transform (`SINK_TRANSFORM_SQL`, from --transform-sql): the transform's cost.
+
+    Opt-in only (`--systems service,service+sql`): the setting is being added on another branch.
+    """
+
+    name, label = "service+sql", "sink service + SQL transform"
+
+    def extra_env(self, ctx: RunContext) -> dict[str, str]:
+        return {"SINK_TRANSFORM_SQL": ctx.transform_sql}
 
 
 _LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \w+ (\S+): (.*)$")
@@ -302,4 +344,79 @@ class Handwritten(_ChildProcessSystem):
         return _endpoint_output(endpoint, self.target)
 
 
-SYSTEMS: dict[str, type[System]] = {"service": SinkService, "quix": QuixFileSink, "handwritten": Handwritten}
+class PathwayJsonLines(_ChildProcessSystem):
+    """(d) Pathway: `pw.io.kafka.read` (JSON, schema of the workload) into `pw.io.jsonlines.write`, own venv.
+
+    Its Kafka reader leaves librdkafka's auto-commit on: the group's offsets follow what was read, not what
+    was written, so progress is the number of lines in its output file (`LineWatcher`).
+    """
+
+    name, label = "pathway", "Pathway (JSON Lines file)"
+    pushes_to_endpoint = False
+
+    def start(self, ctx: RunContext, group: str) -> None:
+        self.out = ctx.work / "pathway_out" / "records.jsonl"
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        command = [str(PATHWAY_VENV / "bin" / "python"), str(BENCH / "systems" / "pathway_jsonlines.py"),
+                   "--bootstrap", ctx.bootstrap, "--topic", ctx.topic, "--group", group, "--out", str(self.out),
+                   "--autocommit-ms", str(ctx.pathway_autocommit_ms)]
+        self.timestamps_known = ctx.pathway_metadata
+        if ctx.pathway_metadata:
+            command.append("--with-metadata")
+        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+        env.update(PYTHONUNBUFFERED="1", PATHWAY_MONITORING_LEVEL="none")
+        self.log_path = ctx.work / "pathway.log"
+        self.process = ChildProcess(command, self.log_path, env)
+
+    def watcher(self, ctx: RunContext, group: str, end_offsets: dict[int, int]) -> ProgressWatcher:
+        self.lines = LineWatcher(self.out, end_offsets)
+        return self.lines
+
+    def output(self, ctx: RunContext, endpoint) -> Output:
+        self.lines.count()
+        arrivals = self.lines.line_times()
+        # Without `_metadata` (backlog run) every record was produced before the start: latency is measured
+        # from the start anyway (bench.measure.latency_stats), so a timestamp of 0 stands in.
+        produced = _pathway_timestamps_ms(self.out) if self.timestamps_known else np.zeros(arrivals.size, np.int64)
+        n = min(arrivals.size, produced.size)
+        size = self.out.stat().st_size if self.out.exists() else 0
+        return Output(files=1 if size else 0, bytes=size, rows=int(produced.size), upload_s=arrivals[:n],
+                      produced_ms=produced[:n])
+
+
+def _pathway_timestamps_ms(path: Path) -> np.ndarray:
+    """The Kafka timestamp of every line Pathway wrote (its `_metadata` column), in file order."""
+    import pyarrow.json as pj
+
+    if not path.exists() or path.stat().st_size == 0:
+        return np.empty(0, np.int64)
+    metadata = pa.struct([("timestamp_millis", pa.int64())])
+    options = pj.ParseOptions(explicit_schema=pa.schema([("_metadata", metadata)]),
+                              unexpected_field_behavior="ignore")
+    table = pj.read_json(path, parse_options=options, read_options=pj.ReadOptions(block_size=64 << 20))
+    return table.column("_metadata").combine_chunks().field("timestamp_millis").to_numpy(zero_copy_only=False)
+
+
+def _has_rdkafka_broker_thread(pid: int) -> bool:
+    try:
+        processes = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return False
+    for p in processes:
+        for tid in _thread_ids(p.pid):
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{p.pid}/task/{tid}/comm").read_text().startswith("rdk:broker"):
+                    return True
+    return False
+
+
+def _thread_ids(pid: int) -> list[str]:
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+
+
+SYSTEMS: dict[str, type[System]] = {"service": SinkService, "pathway": PathwayJsonLines, "quix": QuixFileSink,
+                                    "handwritten": Handwritten, "service+sql": SinkServiceSql}
+DEFAULT_SYSTEMS = ("service", "pathway", "quix", "handwritten")  # service+sql is opt-in
