@@ -66,24 +66,35 @@ def build_records(spec: WorkloadSpec, seed: int = 7) -> tuple[list[bytes], list[
     return keys, values
 
 
+class AckedProducer:
+    """A producer whose every record is acknowledged by all replicas; keeps the first delivery errors."""
+
+    def __init__(self, bootstrap: str, **tuning: object):
+        self.producer = Producer({
+            "bootstrap.servers": bootstrap,
+            "queue.buffering.max.messages": 2_000_000,
+            "queue.buffering.max.kbytes": 2_000_000,
+            "enable.idempotence": False,
+            "acks": "all",
+            **tuning,
+        })
+        self.errors: list[str] = []
+
+    def delivered(self, err, _msg) -> None:
+        if err is not None and len(self.errors) < 10:
+            self.errors.append(str(err))
+
+    def settle(self, timeout_s: float = 120) -> None:
+        """Wait for every acknowledgement; raises if any record was not acknowledged."""
+        remaining = self.producer.flush(timeout_s)
+        if remaining or self.errors:
+            raise KafkaException(f"{remaining} record(s) not acknowledged; errors: {self.errors}")
+
+
 def produce(bootstrap: str, topic: str, keys: list[bytes], values: list[bytes]) -> float:
     """Produce all records (partitioned by key) and wait until every one is acknowledged; returns seconds."""
-    producer = Producer({
-        "bootstrap.servers": bootstrap,
-        "linger.ms": 50,
-        "batch.size": 1_000_000,
-        "batch.num.messages": 100_000,
-        "queue.buffering.max.messages": 2_000_000,
-        "queue.buffering.max.kbytes": 2_000_000,
-        "enable.idempotence": False,
-        "acks": "all",
-    })
-    errors: list[str] = []
-
-    def delivered(err, _msg) -> None:
-        if err is not None and len(errors) < 10:
-            errors.append(str(err))
-
+    acked = AckedProducer(bootstrap, **{"linger.ms": 50, "batch.size": 1_000_000, "batch.num.messages": 100_000})
+    producer, delivered = acked.producer, acked.delivered
     started = time.perf_counter()
     put = producer.produce
     for n, (key, value) in enumerate(zip(keys, values, strict=True)):
@@ -95,8 +106,5 @@ def produce(bootstrap: str, topic: str, keys: list[bytes], values: list[bytes]) 
                 producer.poll(0.05)
         if n % 20_000 == 0:
             producer.poll(0)
-    remaining = producer.flush(300)
-    seconds = time.perf_counter() - started
-    if remaining or errors:
-        raise KafkaException(f"{remaining} record(s) not acknowledged; errors: {errors}")
-    return seconds
+    acked.settle(300)
+    return time.perf_counter() - started
