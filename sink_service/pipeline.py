@@ -53,6 +53,7 @@ from sink_service.upload_signals import NO_SIGNALS, SIGNAL_PATH, LiveUploads, Si
 log = logging.getLogger("sink_service.pipeline")
 
 LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
+CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 DRIVER_HEAP = "512m"  # the driver JVM's heap cap: it plans and commits, records never enter it
 BROKER_ANSWER_S = 5.0  # a broker check without an answer for this long marks the broker unreachable
 ASSIGNMENT_WAIT_S = 60.0  # joining the group takes a few seconds; longer means the broker is not answering
@@ -100,6 +101,9 @@ def start_spark(config: SinkConfig, extra_java_options: Sequence[str] = ()) -> S
         .config("spark.sql.adaptive.enabled", "false")  # not used by streaming; avoids a warning per query
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.streaming.stopActiveRunOnRestart", "true")
+        # The checkpoint is scratch. Spark's default manager renames through Hadoop's FileContext,
+        # which forks `readlink` for every file it writes (JVM CPU 8.2 -> 7.5 s in 65 s at 20k/s).
+        .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
         .config("spark.driver.memory", DRIVER_HEAP)
         .config("spark.driver.extraJavaOptions", " ".join(driver_options))
         .config("spark.executor.extraJavaOptions", " ".join(jvm_options))
