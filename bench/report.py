@@ -5,6 +5,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+# Rows both reports end with: what ran beside the system, what it wrote, how busy the machine was.
+MEANWHILE_ROWS = [
+    ("broker_cpu_s", "CPU seconds meanwhile: broker [3]", "{:.1f}"),
+    ("endpoint_cpu_s", "CPU seconds meanwhile: endpoint + benchmark [3]", "{:.1f}"),
+]
+OUTPUT_AND_LOAD_ROWS = [
+    ("files", "files", "{:d}"),
+    ("mean_file_mb", "mean file size (MB)", "{:.2f}"),
+    ("rows_in_files", "rows in files", "{:,d}"),
+    ("endpoint_rows", "rows in the endpoint table (distinct keys)", "{:,d}"),
+    ("other_load_cores", "other load on the machine (cores busy) [2]", "{:.2f}"),
+    ("steal_cores", "CPU taken by other virtual machines (steal, cores) [2]", "{:.2f}"),
+]
+BUSY_BEFORE_ROW = ("busy_cores_before", "machine busy at the start (cores) [4]", "{:.2f}")
+
 ROWS = [  # (key in a system's result, label, format)
     ("records_per_s", "records/s, start to last commit", "{:,.0f}"),
     ("mb_per_s", "MB/s, start to last commit", "{:.2f}"),
@@ -18,16 +33,10 @@ ROWS = [  # (key in a system's result, label, format)
     ("peak_processes", "processes in the tree (max)", "{:d}"),
     ("cpu_s", "CPU seconds, whole process tree", "{:.1f}"),
     ("cpu_s_per_m_records", "CPU seconds per million records", "{:.1f}"),
-    ("broker_cpu_s", "CPU seconds meanwhile: broker [3]", "{:.1f}"),
-    ("endpoint_cpu_s", "CPU seconds meanwhile: endpoint + benchmark [3]", "{:.1f}"),
-    ("files", "files", "{:d}"),
-    ("mean_file_mb", "mean file size (MB)", "{:.2f}"),
-    ("rows_in_files", "rows in files", "{:,d}"),
-    ("endpoint_rows", "rows in the endpoint table (distinct keys)", "{:,d}"),
-    ("other_load_cores", "other load on the machine (cores busy) [2]", "{:.2f}"),
-    ("steal_cores", "CPU taken by other virtual machines (steal, cores) [2]", "{:.2f}"),
+    *MEANWHILE_ROWS,
+    *OUTPUT_AND_LOAD_ROWS,
     ("rested_s", "rest before the start, until the machine was quiet (s) [4]", "{:.0f}"),
-    ("busy_cores_before", "machine busy at the start (cores) [4]", "{:.2f}"),
+    BUSY_BEFORE_ROW,
 ]
 RATIOS = [  # (key, label, higher is better)
     ("records_per_s", "throughput, start to last commit", True),
@@ -65,16 +74,10 @@ LIVE_ROWS = [  # (key, label, format) of a live run
     ("drain_s", "last commit after the last record produced (s)", "{:.1f}"),
     ("peak_rss_mb", "peak RSS, whole process tree, start-up included (MB)", "{:,.0f}"),
     ("peak_processes", "processes in the tree (max)", "{:d}"),
-    ("broker_cpu_s", "CPU seconds meanwhile: broker [3]", "{:.1f}"),
-    ("endpoint_cpu_s", "CPU seconds meanwhile: endpoint + benchmark [3]", "{:.1f}"),
+    *MEANWHILE_ROWS,
     ("producer_cpu_s", "CPU seconds meanwhile: producer", "{:.1f}"),
-    ("files", "files", "{:d}"),
-    ("mean_file_mb", "mean file size (MB)", "{:.2f}"),
-    ("rows_in_files", "rows in files", "{:,d}"),
-    ("endpoint_rows", "rows in the endpoint table (distinct keys)", "{:,d}"),
-    ("other_load_cores", "other load on the machine (cores busy) [2]", "{:.2f}"),
-    ("steal_cores", "CPU taken by other virtual machines (steal, cores) [2]", "{:.2f}"),
-    ("busy_cores_before", "machine busy at the start (cores) [4]", "{:.2f}"),
+    *OUTPUT_AND_LOAD_ROWS,
+    BUSY_BEFORE_ROW,
 ]
 LIVE_RATIOS = [
     ("cpu_s_per_m_records", "CPU per million records", False),
