@@ -7,9 +7,9 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-# Only light imports before `main` has taken over the stop signals: the rest are imported in it.
+# Only light imports before `main` holds the stop signals: the rest are imported in it.
 from sink_service import __version__
-from sink_service.stop_signals import StopLatch
+from sink_service.stop_signals import hold_stop_signals
 
 if TYPE_CHECKING:
     from sink_service.config import SinkConfig
@@ -41,7 +41,7 @@ def _versions() -> dict[str, str]:
 
 
 def main() -> int:
-    early_stop = StopLatch()
+    hold_stop_signals()  # before any import can start a thread; released once the service handles them
     from sink_service.config import ConfigError, load_config
     from sink_service.logs import configure
 
@@ -57,7 +57,7 @@ def main() -> int:
     log.info("configuration %s", config.masked(), extra={"fields": {"event": "config", "config": config.masked()}})
     from sink_service.service import SinkService
 
-    return SinkService(config, versions).run(early_stop)
+    return SinkService(config, versions).run()
 
 
 if __name__ == "__main__":

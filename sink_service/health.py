@@ -107,7 +107,7 @@ class HealthServer:
         return self._server.server_address[1]
 
     def start(self) -> None:
-        # Stop signals are the main thread's (see `pipeline.start_spark`): this thread and the request
+        # Stop signals are the main thread's (see `stop_signals`): this thread and the request
         # threads it starts inherit a mask that blocks them, from their first instruction on.
         with stop_signals_held():
             self._thread.start()

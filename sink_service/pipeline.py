@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -46,7 +45,7 @@ from sink_service.offset_commit import ContiguousCommits, RangeOutcome
 from sink_service.partition_task import ERROR_PROCESSING, STATUS_FATAL, STATUS_OK, TaskSpec
 from sink_service.planner_hints import PlannerHints
 from sink_service.repeated_failures import Failure, RepeatedFailures, Streak
-from sink_service.stop_signals import stop_signals_held
+from sink_service.stop_signals import sigterm_ignored_by_children
 from sink_service.targets import build_target, target_settings
 from sink_service.upload_signals import NO_SIGNALS, SIGNAL_PATH, LiveUploads, SignalChannel
 
@@ -115,18 +114,10 @@ def start_spark(config: SinkConfig, extra_java_options: Sequence[str] = ()) -> S
                    .config("spark.network.crypto.enabled", "true"))
         if config.spark_auth_secret:
             builder = builder.config("spark.authenticate.secret", config.spark_auth_secret)
-    # The JVM inherits an ignored SIGTERM and then keeps ignoring it, so a SIGTERM sent to the
-    # whole process group cannot kill it before the service has drained and committed. Blocked
-    # meanwhile, a SIGTERM for this process is held instead of ignored (Linux never discards a
-    # blocked signal) and reaches the service's handler once restored: a stop requested while Spark
-    # starts is not lost. No other thread of this process may take it: they block it too (the
-    # health server's) or are librdkafka's, which block all signals.
-    with stop_signals_held():
-        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        try:
-            spark = builder.getOrCreate()
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+    # The JVM inherits the ignored SIGTERM and keeps ignoring it, so a SIGTERM sent to the whole
+    # process group cannot kill it before the service has drained and committed.
+    with sigterm_ignored_by_children():
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(config.spark_log_level)
     spark.dataSource.register(KafkaRangeDataSource)
     return spark

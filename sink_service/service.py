@@ -25,7 +25,7 @@ from sink_service.kafka_source.offsets import OffsetGapError
 from sink_service.metrics import SinkMetrics
 from sink_service.pipeline import Pipeline, start_spark
 from sink_service.scratch import ScratchBusy, claim_scratch
-from sink_service.stop_signals import StopLatch
+from sink_service.stop_signals import release_stop_signals
 from sink_service.upload_signals import SIGNAL_PATH, LiveUploads
 
 log = logging.getLogger("sink_service")
@@ -55,11 +55,10 @@ class SinkService:
         if self._pipeline is not None:
             self._pipeline.stopping.set()
 
-    def run(self, early_stop: StopLatch | None = None) -> int:
+    def run(self) -> int:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
-        if early_stop is not None and early_stop.signum is not None:
-            self.request_stop(early_stop.signum)
+        release_stop_signals()  # one held since the process started (`__main__`) is handled here
         try:
             scratch = claim_scratch(Path(self.config.scratch_dir))
         except ScratchBusy as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -142,15 +143,33 @@ def test_an_outage_shows_within_seconds_and_so_does_recovery(bootstrap, unique, 
         endpoint.stop()
 
 
-@pytest.mark.parametrize("moment", ["first log line", "Spark starting"])
+def _jvm_running(service) -> bool:
+    """A JVM in the service's session: Spark's start-up has launched it and not yet returned."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            pid, session = int(stat.parent.name), int(stat.read_text().rsplit(")", 1)[1].split()[3])
+            if session == service.pid and pid != service.pid and b"java" in (stat.parent / "cmdline").read_bytes():
+                return True
+    return False
+
+
+STARTING_MOMENTS = {
+    "first log line": lambda service: "starting kafka-parquet-sink" in service.output(),
+    "HTTP up": lambda service: "HTTP endpoints on port" in service.output(),
+    # Inside the window where SIGTERM is ignored so that the JVM inherits it: the signal must be kept.
+    "JVM starting": lambda service: _jvm_running(service) and "streaming query" not in service.output(),
+}
+
+
+@pytest.mark.parametrize("moment", list(STARTING_MOMENTS))
 def test_sigterm_while_starting_is_a_clean_stop(bootstrap, unique, service_env, services, moment):
     # An orchestrator may stop a pod that has only just started (a rollout, a rescheduled node).
     # The service must take that as an orderly stop at any moment, not die of the signal.
     topic, group = unique("early-stop"), unique("group")
     create_topics(bootstrap, {topic: 1})
     service = services(service_env(topic, group))
-    marker = "starting kafka-parquet-sink" if moment == "first log line" else "HTTP endpoints on port"
-    wait_until(lambda: marker in service.output(), 60, moment, interval_s=0.01, process=service)
+    reached = STARTING_MOMENTS[moment]
+    wait_until(lambda: reached(service), 60, moment, interval_s=0.01, process=service)
     code = service.terminate()
     assert code == 0, f"exit {code} after SIGTERM at {moment!r}\n" + service.output()[-3000:]
     assert "stop requested (SIGTERM)" in service.output()
