@@ -23,11 +23,11 @@ import pyarrow.parquet as pq
 
 from sink_service.dead_letters import DeadLetterError, DeadLetters, DeadLetterSpec
 from sink_service.decode import BadRecord, DecodedChunk, DecodeSpec, decode
+from sink_service.decode.column_types import encode_schema
 from sink_service.decode.compact import FileCompactor
 from sink_service.decode.registry import RegistryRefused, RegistryUnavailable
 from sink_service.kafka_source.admission import Range
 from sink_service.parquet_files import ClosedFile, PartitionFileWriter
-from sink_service.planner_hints import encode_schema
 from sink_service.transform import Transform, TransformFailed
 from sink_service.upload_signals import NO_SIGNALS, SignalChannel, SignalSender
 from uploader.errors import FatalUploadError, RetryableUploadError

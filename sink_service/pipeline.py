@@ -42,7 +42,7 @@ from sink_service.kafka_source.membership import CommitRefused, GroupMembership,
 from sink_service.kafka_source.offsets import KafkaOffsets, nest
 from sink_service.metrics import SinkMetrics
 from sink_service.offset_commit import ContiguousCommits, RangeOutcome
-from sink_service.partition_task import ERROR_PROCESSING, STATUS_FATAL, STATUS_OK, TaskSpec
+from sink_service.partition_task import ERROR_PROCESSING, RESULT_SCHEMA_DDL, STATUS_FATAL, STATUS_OK, TaskSpec
 from sink_service.planner_hints import PlannerHints
 from sink_service.repeated_failures import Failure, RepeatedFailures, Streak
 from sink_service.stop_signals import sigterm_ignored_by_children
@@ -236,6 +236,7 @@ class Pipeline:
         )
         stream = (
             self.spark.readStream.format(FORMAT_NAME)
+            .schema(RESULT_SCHEMA_DDL)  # given, so the source's planning process need not import the task code
             # The key contains "secret" so that Spark redacts the value (it holds Kafka
             # credentials) wherever it prints options.
             .option("secret_config", options.to_option())

@@ -8,25 +8,12 @@ service; nothing about delivery depends on them.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
-
-from sink_service.decode.column_types import join_schemas
-
 HINTS_FILE = "planner-hints.json"
-
-
-def encode_schema(schema: pa.Schema | None) -> str:
-    return "" if schema is None else base64.b64encode(schema.serialize().to_pybytes()).decode()
-
-
-def decode_schema(text: str) -> pa.Schema | None:
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text))) if text else None
 
 
 @dataclass
@@ -42,6 +29,9 @@ class PlannerHints:
         self.bytes_per_record[topic] = sample if old is None else 0.7 * old + 0.3 * sample
 
     def learn_types(self, topic: str, written: str) -> None:
+        # The driver's side only: the planner process reads hints without importing the decoders.
+        from sink_service.decode.column_types import decode_schema, encode_schema, join_schemas
+
         schema = decode_schema(written)
         if schema is None:
             return

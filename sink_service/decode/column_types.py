@@ -26,6 +26,7 @@ A value already made text stays that text: an array mixing kinds (`[1, "a"]`, ty
 
 from __future__ import annotations
 
+import base64
 import decimal
 import json
 from collections.abc import Callable, Iterable
@@ -242,3 +243,12 @@ def _without_empty(array: pa.Array) -> pa.Array | None:
 def _empty_as_null(values: pa.Array) -> pa.Array:
     kept = _without_empty(values)
     return pa.nulls(len(values)) if kept is None else kept
+
+
+def encode_schema(schema: pa.Schema | None) -> str:
+    """A schema as text, to travel in JSON and Spark rows (the planner hints' column types)."""
+    return "" if schema is None else base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def decode_schema(text: str) -> pa.Schema | None:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text))) if text else None

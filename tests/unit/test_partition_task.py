@@ -12,9 +12,10 @@ import pytest
 
 from sink_service import parquet_files
 from sink_service.decode import RAW_SCHEMA, DecodeSpec
+from sink_service.decode.column_types import decode_schema, encode_schema
 from sink_service.kafka_source.admission import Range
 from sink_service.partition_task import ERROR_PROCESSING, ERROR_READ, TaskSpec, process_range
-from sink_service.planner_hints import PlannerHints, decode_schema, encode_schema
+from sink_service.planner_hints import PlannerHints
 from sink_service.targets import build_target
 from uploader.directory import DirectorySettings
 from uploader.retry import RetryPolicy
