@@ -2,18 +2,34 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from moto.server import ThreadedMotoServer
 
-from devkit.brokers import running_broker
+from devkit.brokers import OwnBroker, free_port, running_broker
 
 
 @pytest.fixture(scope="session")
 def bootstrap() -> Iterator[str]:
     with running_broker() as address:
         yield address
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
+    """A noida-db broker for this test alone, which it may pause, stop and restart."""
+    broker = OwnBroker(tmp_path / "broker", free_port())
+    broker.data_dir.mkdir()
+    broker.start()
+    try:
+        yield broker
+    finally:
+        if broker.process is not None:
+            broker.signal(signal.SIGCONT)  # a paused process cannot act on SIGTERM
+        broker.stop()
 
 
 @pytest.fixture(scope="module")

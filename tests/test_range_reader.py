@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 
 from devkit.kafka_data import Workload, create_topics, produce_orders
 from sink_service.decode import DecodeSpec
@@ -117,3 +119,40 @@ def test_task_memory_stays_flat_with_1mb_values(bootstrap: str, large_values: st
     # the 48 MB range: three times the records, about the same peak.
     assert large < 32 * LARGE_VALUE_BYTES, (small, large)
     assert large < small * 1.5 + 2 * LARGE_VALUE_BYTES, (small, large)
+
+
+@pytest.fixture
+def paused_broker_topic(own_broker) -> Iterator[tuple]:
+    create_topics(own_broker.bootstrap, {"silent": 1})
+    produce_orders(own_broker.bootstrap, "silent", keys=1000, updates=1, workload=Workload(), partition=0)
+    config = consumer_config({"bootstrap.servers": own_broker.bootstrap}, "range-reader")
+    yield own_broker, config
+    range_reader._discard(config)
+
+
+def test_a_consumer_silent_on_a_range_is_replaced_and_the_range_read_exactly(paused_broker_topic, monkeypatch,
+                                                                              caplog):
+    # librdkafka clients that lived through a broker restart were seen never to be answered again;
+    # a range that has data but stays silent gets a new consumer, resuming where the old one was.
+    broker, config = paused_broker_topic
+    monkeypatch.setattr(range_reader, "RECONNECT_AFTER_S", 1.0)
+    assert _offsets(read_range(Range("silent", 0, 0, 500), config, MAX_BYTES)) == list(range(500))
+    before = _consumer(config)
+    broker.signal(signal.SIGSTOP)
+    resume = threading.Timer(3.5, broker.signal, (signal.SIGCONT,))
+    resume.start()
+    try:
+        assert _offsets(read_range(Range("silent", 0, 500, 1000), config, MAX_BYTES)) == list(range(500, 1000))
+    finally:
+        resume.join()
+    assert _consumer(config) is not before
+    assert "at offset 500" in caplog.text and "reconnecting" in caplog.text
+
+
+def test_a_failed_read_leaves_no_cached_consumer_behind(paused_broker_topic):
+    # The replay of the range must not inherit a consumer in whatever state made the read fail.
+    _broker, config = paused_broker_topic
+    assert _offsets(read_range(Range("silent", 0, 0, 10), config, MAX_BYTES)) == list(range(10))
+    with pytest.raises(KafkaException, match="offset 5000"):
+        list(read_range(Range("silent", 0, 5000, 5100), config, MAX_BYTES))  # past the log end
+    assert range_reader._key(config) not in range_reader._consumers

@@ -1,12 +1,17 @@
 """Executor side: read one topic-partition offset range and yield it as Arrow record batches.
 
 Consumers are cached per Python worker process and reused across tasks, because connecting
-costs far more than reading a typical range.
+costs far more than reading a typical range. A consumer that goes silent on a range, or whose read
+fails, is replaced: librdkafka clients that lived through a broker restart were seen never to be
+answered again (the driver's AdminClient, proven; an executor's read stalled past a restart in
+one CI run).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import logging
 import time
 from collections.abc import Iterator, Mapping
 
@@ -17,9 +22,13 @@ from sink_service.decode.headers import HEADERS
 from sink_service.decode.raw import RAW_SCHEMA
 from sink_service.kafka_source.admission import Range
 
+log = logging.getLogger(__name__)
+
 BATCH_RECORDS = 20_000
 # A planned range lies below the last stable offset, so silence this long means trouble.
 STALL_TIMEOUT_S = 120.0
+# Silence this long on a range makes a new consumer, which resumes at the position reached.
+RECONNECT_AFTER_S = 10.0
 
 _consumers: dict[tuple[tuple[str, str], ...], Consumer] = {}
 
@@ -49,12 +58,23 @@ def consumer_config(client_config: Mapping[str, str], group_id: str) -> dict[str
     }
 
 
+def _key(config: Mapping[str, object]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, str(v)) for k, v in config.items()))
+
+
 def _consumer(config: Mapping[str, object]) -> Consumer:
-    key = tuple(sorted((k, str(v)) for k, v in config.items()))
-    consumer = _consumers.get(key)
+    consumer = _consumers.get(_key(config))
     if consumer is None:
-        consumer = _consumers[key] = Consumer(dict(config))
+        consumer = _consumers[_key(config)] = Consumer(dict(config))
     return consumer
+
+
+def _discard(config: Mapping[str, object]) -> None:
+    """Close the cached consumer, if any: the next read makes a new one."""
+    consumer = _consumers.pop(_key(config), None)
+    if consumer is not None:
+        with contextlib.suppress(KafkaException, RuntimeError):
+            consumer.close()
 
 
 def _batch(rng: Range, messages: list) -> pa.RecordBatch:
@@ -89,7 +109,7 @@ def read_range(rng: Range, config: Mapping[str, object], max_batch_bytes: int) -
         position = rng.start
         pending: list = []
         pending_bytes = 0
-        last_progress = time.monotonic()
+        last_progress = last_consumer = time.monotonic()
         while position < rng.end:
             messages = consumer.consume(num_messages=min(BATCH_RECORDS, rng.end - position), timeout=1.0)
             for message in messages:
@@ -112,22 +132,35 @@ def read_range(rng: Range, config: Mapping[str, object], max_batch_bytes: int) -
                 pending.append(message)
                 pending_bytes += size
                 position = message.offset() + 1
+            now = time.monotonic()
             if messages:
-                last_progress = time.monotonic()
-            elif time.monotonic() - last_progress > STALL_TIMEOUT_S:
+                last_progress = now
+            elif now - last_progress > STALL_TIMEOUT_S:
                 raise TimeoutError(
                     f"no data from topic={rng.topic} partition={rng.partition} at offset {position} "
                     f"for {STALL_TIMEOUT_S:.0f}s (range ends at {rng.end}); is the broker reachable?"
                 )
+            elif now - max(last_progress, last_consumer) > RECONNECT_AFTER_S:
+                log.warning("no data from topic=%s partition=%s at offset %d for %.0fs; reconnecting",
+                            rng.topic, rng.partition, position, now - last_progress)
+                consumer.unassign()
+                _discard(config)
+                consumer = _consumer(config)
+                consumer.assign([TopicPartition(rng.topic, rng.partition, position)])
+                last_consumer = now
             if len(pending) >= BATCH_RECORDS and position < rng.end:
                 yield _batch(rng, pending)
                 pending, pending_bytes = [], 0
         tail = _batch(rng, pending) if pending else None
+    except Exception:
+        _discard(config)  # the replay of this range starts on a new consumer
+        raise
     finally:
         # Unassigned before the last batch is handed on: the caller decodes, writes and uploads
         # it before this generator resumes, and a consumer left assigned at the high watermark
         # keeps fetching meanwhile (noida-db answers such fetches at once, so both spin).
-        consumer.unassign()
+        if _consumers.get(_key(config)) is consumer:  # not closed by a failure
+            consumer.unassign()
         if gc_was_enabled:
             gc.enable()
     if tail is not None:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import itertools
-import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from devkit.brokers import OwnBroker, free_port
+from devkit.brokers import free_port
 from devkit.service_process import ServiceProcess
 from local_ems.server import LocalEmsServer
 
@@ -37,20 +36,6 @@ def ems_last_upload(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalE
     server.start()
     yield server
     server.stop()
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
-    """A noida-db broker for this test alone, which it may pause, stop and restart."""
-    broker = OwnBroker(tmp_path / "broker", free_port())
-    broker.data_dir.mkdir()
-    broker.start()
-    try:
-        yield broker
-    finally:
-        if broker.process is not None:
-            broker.signal(signal.SIGCONT)  # a paused process cannot act on SIGTERM
-        broker.stop()
 
 
 @pytest.fixture
