@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from sink_service.kafka_source.offsets import KafkaOffsets
@@ -108,7 +108,17 @@ def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -
     return {p: o for (_, p), o in offsets.committed([(topic, p) for p in range(partitions)]).items()}
 
 
+def reset_offsets(bootstrap: str, group: str, offsets: dict[tuple[str, int], int]) -> None:
+    """Commit offsets for a group from outside it, as an operator's Kafka tooling does; raises if refused."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    request = [TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())]
+    result = admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(group, request)])[group].result()
+    errors = [tp for tp in result.topic_partitions if tp.error is not None]
+    if errors:
+        raise KafkaException(f"commit refused for {errors}")
+
+
 __all__ = [
     "TopicPartition", "Workload", "add_partitions", "committed_offsets", "create_topics", "end_offsets",
-    "produce_orders", "recreate_topic",
+    "produce_orders", "recreate_topic", "reset_offsets",
 ]

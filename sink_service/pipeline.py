@@ -222,7 +222,6 @@ class Pipeline:
         options = SourceOptions(
             client_config=self.client_config,
             group_id=c.group_id,
-            starting_offsets=c.starting_offsets,
             starting_positions=nest(positions),
             flush_records=c.flush_records,
             flush_bytes=c.flush_bytes,

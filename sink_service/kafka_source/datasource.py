@@ -47,7 +47,6 @@ class SourceOptions:
 
     client_config: dict[str, str]
     group_id: str
-    starting_offsets: str
     # The partitions the consumer group assigned this instance, resolved by the driver right before
     # start: the query plans exactly these. New topics and partitions arrive by a rebalance.
     starting_positions: dict[str, dict[str, int]]

@@ -90,23 +90,6 @@ class KafkaOffsets:
         result = self._answer(next(iter(futures.values())))
         return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions if tp.offset >= 0}
 
-    def commit(self, offsets: Mapping[TP, int]) -> None:
-        """Commit `next offset to read` as Kafka tooling does, from outside the group; raises if refused.
-
-        The service itself commits through its group member (`membership.py`); tests use this
-        to act as an operator's offset reset.
-        """
-        if not offsets:
-            return
-        request = [TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())]
-        futures = self._admin.alter_consumer_group_offsets(
-            [ConsumerGroupTopicPartitions(self._group_id, request)], request_timeout=_TIMEOUT_S
-        )
-        result = self._answer(next(iter(futures.values())))
-        errors = [tp for tp in result.topic_partitions if tp.error is not None]
-        if errors:
-            raise KafkaException(f"commit refused for {errors}")
-
     def resolve_start(self, tps: list[TP], starting: str, gap_policy: str,
                       commit: Callable[[Mapping[TP, int]], None]) -> dict[TP, int]:
         """Where each partition starts: its committed offset, else `starting`; checks the log's bounds.

@@ -63,9 +63,10 @@ def _key(config: Mapping[str, object]) -> tuple[tuple[str, str], ...]:
 
 
 def _consumer(config: Mapping[str, object]) -> Consumer:
-    consumer = _consumers.get(_key(config))
+    key = _key(config)
+    consumer = _consumers.get(key)
     if consumer is None:
-        consumer = _consumers[_key(config)] = Consumer(dict(config))
+        consumer = _consumers[key] = Consumer(dict(config))
     return consumer
 
 

@@ -8,9 +8,8 @@ import pytest
 from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-from devkit.kafka_data import Workload, committed_offsets, create_topics, produce_orders
+from devkit.kafka_data import Workload, committed_offsets, create_topics, produce_orders, reset_offsets
 from devkit.service_process import wait_until
-from sink_service.kafka_source.offsets import KafkaOffsets
 from tests.e2e.checks import all_committed, table_matches
 
 pytestmark = pytest.mark.e2e
@@ -47,7 +46,7 @@ def _topic_with_deleted_head(bootstrap: str, topic: str, group: str) -> None:
     for n in range(100):
         producer.produce(topic, key=str(n).encode(), value=json.dumps({"id": str(n), "version": n}).encode())
     producer.flush(10)
-    KafkaOffsets({"bootstrap.servers": bootstrap}, group).commit({(topic, 0): 10})
+    reset_offsets(bootstrap, group, {(topic, 0): 10})
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.delete_records([TopicPartition(topic, 0, 50)])[TopicPartition(topic, 0, 50)].result()
 
@@ -87,7 +86,7 @@ def test_an_offset_reset_while_running_is_refused_or_followed_never_overwritten(
     # The service is an active group member: a broker refuses the reset (noida-db does, with
     # UNKNOWN_MEMBER_ID); one that accepts it must see it followed.
     try:
-        KafkaOffsets({"bootstrap.servers": bootstrap}, group).commit({(topic, 0): 0})
+        reset_offsets(bootstrap, group, {(topic, 0): 0})
         refused = False
     except KafkaException as exc:
         assert "UNKNOWN_MEMBER_ID" in str(exc) or "NON_EMPTY_GROUP" in str(exc), exc

@@ -24,7 +24,7 @@ class ScriptedKafka:
 
 def planner(tmp_path, kafka: ScriptedKafka) -> KafkaRangeStreamReader:
     options = SourceOptions(
-        client_config={}, group_id="g", starting_offsets="latest",
+        client_config={}, group_id="g",
         starting_positions={"orders": {"0": 0}}, flush_records=1000, flush_bytes=1 << 30,
         flush_interval_ms=60_000, max_files_per_batch=100, first_batch_files=None,
         retention_gap_policy="fail", read_batch_max_bytes=1 << 20,
