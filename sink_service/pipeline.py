@@ -228,6 +228,7 @@ class Pipeline:
             flush_interval_ms=c.flush_interval_ms,
             max_files_per_batch=c.max_files_per_batch,
             first_batch_files=self.spark.sparkContext.defaultParallelism,
+            tasks_per_batch=self.spark.sparkContext.defaultParallelism,
             retention_gap_policy=c.retention_gap_policy,
             read_batch_max_bytes=c.read_batch_max_bytes,
             state_dir=str(self.state_dir),

@@ -3,7 +3,17 @@
 A partition's pending data is released when it reaches the record threshold, when its estimated
 Parquet size reaches the byte threshold, or when its oldest pending record has waited longer
 than the interval on the wall clock. Each partition is judged on its own, so an idle partition
-is flushed on time even while others are busy. Pure logic, no Kafka: unit-tested directly.
+is flushed on time even while others are busy.
+
+A batch that runs because some partition is due by time also takes every partition whose oldest
+pending record has waited at least half the interval: it would be due within half an interval
+anyway. Without this, partitions whose timers drift apart (the first batch after a start holds
+one wave; partitions that became active at different moments) keep their own phase for ever,
+and every phase costs a micro-batch (measured at 20k records/s over 8 partitions: 22 batches a
+minute instead of 12, each with its fixed planning and scheduling cost). With it, time-driven
+batches come at least half an interval apart, however many partitions there are.
+
+Pure logic, no Kafka: unit-tested directly.
 """
 
 from __future__ import annotations
@@ -73,8 +83,10 @@ class Admission:
         """End offsets for the next batch; a partition not admitted keeps its start offset."""
         limits = self.thresholds
         estimates = bytes_per_record or {}
-        due: list[tuple[float, TopicPartition, int]] = []
+        # (since, partition, records due by a threshold, records pending), oldest first
+        candidates: list[tuple[float, TopicPartition, int, int]] = []
         new_since = now if self.last_plan_at is None else self.last_plan_at
+        rider_age = limits.interval_s / 2
         for tp, begin in start.items():
             pending = available.get(tp, begin) - begin
             if pending <= 0:
@@ -88,13 +100,16 @@ class Admission:
             timed_out = now - since >= limits.interval_s
             # By count or size only whole files are admitted; by time, everything pending.
             admit = pending if timed_out else (pending // records_per_file) * records_per_file
-            if admit > 0:
-                due.append((since, tp, admit))
+            if admit > 0 or now - since >= rider_age:
+                candidates.append((since, tp, admit, pending))
 
         self.last_plan_at = now
+        timed_batch = any(now - since >= limits.interval_s for since, *_ in candidates)
+        due = [(since, tp, pending if timed_batch and now - since >= rider_age else admit)
+               for since, tp, admit, pending in sorted(candidates)]
+        due = [entry for entry in due if entry[2] > 0]
         end = dict(start)
         # Oldest pending data first; every due partition gets one file's worth before any gets two.
-        due.sort()
         budget = limits.max_ranges_per_batch
         if not self.admitted_before and limits.first_batch_ranges:
             budget = min(budget, limits.first_batch_ranges)

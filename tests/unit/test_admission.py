@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import random
+
 from sink_service.kafka_source.admission import Admission, Thresholds
 
 A, B, C, D = ("t", 0), ("t", 1), ("t", 2), ("u", 0)
@@ -194,3 +197,69 @@ def test_plan_keeps_within_the_file_budget():
     files = sum(-(-(end[tp] - start[tp]) // 10) for tp in start)
     assert 0 < files <= 7
     assert all(start[tp] <= end[tp] for tp in start)
+
+
+def test_a_timed_batch_takes_partitions_half_an_interval_old():
+    adm = admission(records=100, interval_s=10.0)
+    looks = [(0.0, {A: 3, B: 0, C: 0}),  # A's records date from t=0
+             (4.0, {A: 3, B: 0, C: 0}),
+             (5.0, {A: 3, B: 4, C: 0}),  # B's from t=4, the look before
+             (5.5, {A: 3, B: 4, C: 0}),
+             (6.0, {A: 3, B: 4, C: 5}),  # C's from t=5.5
+             (9.99, {A: 3, B: 4, C: 5})]
+    for now, available in looks:
+        assert adm.plan({A: 0, B: 0, C: 0}, available, now=now) == {A: 0, B: 0, C: 0}
+    # t=10: A is due by time; B has waited 6 s, over half the interval: it rides along, with
+    # everything pending. C has waited 4.5 s: it stays.
+    assert adm.plan({A: 0, B: 0, C: 0}, {A: 3, B: 4, C: 5}, now=10.0) == {A: 3, B: 4, C: 0}
+    assert adm.pending_since == {C: 5.5}
+
+
+def test_a_batch_due_by_count_takes_no_riders():
+    """A busy partition flushing by count must not halve the interval of the quiet ones."""
+    adm = admission(records=100, interval_s=10.0)
+    adm.plan({A: 0, B: 0}, {A: 0, B: 3}, now=0.0)
+    assert adm.plan({A: 0, B: 0}, {A: 100, B: 3}, now=9.0) == {A: 100, B: 0}
+
+
+def _timed_batches(adm: Admission, arrivals: dict, seconds: int) -> list[tuple[float, set]]:
+    """Every 0.5 s each partition gets its records; each admitting plan is a batch finishing at once."""
+    start = {tp: 0 for tp in arrivals}
+    available = dict(start)
+    batches = []
+    for step in range(seconds * 2):
+        now = step / 2
+        for tp, per_step in arrivals.items():
+            available[tp] += per_step(step)
+        end = adm.plan(start, available, now=now)
+        admitted = {tp for tp in end if end[tp] != start[tp]}
+        if admitted:
+            batches.append((now, admitted))
+        start = end
+    return batches
+
+
+def test_partitions_split_by_the_first_wave_fall_into_step():
+    """The first batch after a start holds one wave (2 of 8 partitions here). Without riders the
+    two groups kept their own phase for good: 22 batches a minute instead of 12 at a 5 s interval."""
+    parts = [("t", p) for p in range(8)]
+    adm = admission(records=100_000, interval_s=5.0, max_ranges=8, first_ranges=2)
+    batches = _timed_batches(adm, {tp: (lambda step: 1250) for tp in parts}, seconds=60)
+    assert batches[0][1] == set(parts[:2])
+    assert batches[1][1] == set(parts[2:])  # the rest, at once
+    assert all(admitted == set(parts) for _, admitted in batches[2:]), batches  # in step from the next
+    assert len(batches) <= 60 / 5 + 1
+
+
+def test_timed_batches_come_at_least_half_an_interval_apart_however_many_partitions():
+    """Sporadic partitions, each with its own phase, would otherwise each cost a batch."""
+    rng = random.Random(7)
+    parts = [("t", p) for p in range(50)]
+    phases = {tp: rng.randrange(40) for tp in parts}
+    adm = admission(records=1_000_000, interval_s=5.0)
+    batches = _timed_batches(adm, {tp: (lambda step, tp=tp: int(step % 40 == phases[tp])) for tp in parts},
+                             seconds=120)
+    gaps = [later - earlier for (earlier, _), (later, _) in itertools.pairwise(batches)]
+    assert batches and min(gaps) >= 2.5, gaps
+    # Still nobody waits longer than the interval (plus the 0.5 s between looks).
+    assert sum(len(admitted) for _, admitted in batches) >= 50 * 2

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from sink_service.kafka_source.datasource import KafkaRangeStreamReader, SourceOptions
+from sink_service.kafka_source.admission import Range
+from sink_service.kafka_source.datasource import KafkaRangeStreamReader, PlannedRange, SourceOptions, bundle
 from sink_service.kafka_source.offsets import OffsetGapError
 
 
@@ -26,7 +27,7 @@ def planner(tmp_path, kafka: ScriptedKafka) -> KafkaRangeStreamReader:
     options = SourceOptions(
         client_config={}, group_id="g",
         starting_positions={"orders": {"0": 0}}, flush_records=1000, flush_bytes=1 << 30,
-        flush_interval_ms=60_000, max_files_per_batch=100, first_batch_files=None,
+        flush_interval_ms=60_000, max_files_per_batch=100, first_batch_files=None, tasks_per_batch=2,
         retention_gap_policy="fail", read_batch_max_bytes=1 << 20,
         state_dir=str(tmp_path), task="",
     )
@@ -39,8 +40,9 @@ def planner(tmp_path, kafka: ScriptedKafka) -> KafkaRangeStreamReader:
 def covered(reader: KafkaRangeStreamReader, start: dict, end: dict) -> dict[tuple[str, int], list[tuple[int, int]]]:
     spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
     for part in reader.partitions(start, end):
-        r = part.range
-        spans.setdefault((r.topic, r.partition), []).append((r.start, r.end))
+        for planned in part.ranges:
+            r = planned.range
+            spans.setdefault((r.topic, r.partition), []).append((r.start, r.end))
     return spans
 
 
@@ -50,7 +52,8 @@ def test_one_range_per_partition_per_batch(tmp_path):
     start = reader.initialOffset()
     end = reader.latestOffset(start, None)
     [part] = reader.partitions(start, end)
-    assert (part.range.start, part.range.end) == (0, 10_000)  # ten files' worth, uploaded in order by one task
+    [planned] = part.ranges
+    assert (planned.range.start, planned.range.end) == (0, 10_000)  # ten files' worth, uploaded in order by one task
 
 
 def test_a_log_end_below_the_position_stops_the_query(tmp_path):
@@ -69,3 +72,19 @@ def test_the_planning_processes_do_not_import_the_executor_side():
              "or m.startswith(('sink_service.decode', 'sink_service.partition_task', 'uploader'))))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def _planned(*sizes: int) -> list[PlannedRange]:
+    return [PlannedRange(Range("orders", p, 1000, 1000 + size)) for p, size in enumerate(sizes)]
+
+
+def test_ranges_are_dealt_into_one_task_per_core_of_about_equal_records():
+    tasks = bundle(_planned(100, 90, 60, 50, 1), 2)
+    assert sorted(p.range.partition for task in tasks for p in task.ranges) == list(range(5))
+    assert [sum(p.range.records for p in task.ranges) for task in tasks] == [151, 150]
+
+
+def test_fewer_ranges_than_cores_keep_a_task_each():
+    ranges = _planned(5, 7)
+    assert [[p.range.partition for p in task.ranges] for task in bundle(ranges, 8)] == [[1], [0]]
+    assert bundle([], 8) == []
