@@ -9,9 +9,11 @@ A batch that runs because some partition is due by time also takes every partiti
 pending record has waited at least half the interval: it would be due within half an interval
 anyway. Without this, partitions whose timers drift apart (the first batch after a start holds
 one wave; partitions that became active at different moments) keep their own phase for ever,
-and every phase costs a micro-batch (measured at 20k records/s over 8 partitions: 22 batches a
-minute instead of 12, each with its fixed planning and scheduling cost). With it, time-driven
-batches come at least half an interval apart, however many partitions there are.
+and every phase costs a micro-batch with its fixed planning and scheduling cost and its own small
+files (measured at 20k records/s over 8 partitions: 22 micro-batches a minute, 13 with riders).
+With riders, time-driven batches come at least half an interval apart, however many partitions
+there are. The price, at high rates: one burst of files per interval instead of several smaller
+ones, so the last file of a burst arrives later (80k records/s: p99 6.5 -> 8.4 s).
 
 Pure logic, no Kafka: unit-tested directly.
 """
