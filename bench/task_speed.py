@@ -33,6 +33,7 @@ from sink_service.kafka_source.admission import Range
 from sink_service.partition_task import TaskSpec, process_range
 from sink_service.targets import build_target
 from uploader.ems import EmsSettings
+from uploader.target import UploadTarget
 
 AUTHORIZATION = "AppKey task-speed"
 
@@ -101,13 +102,19 @@ def main() -> None:
 
 def _run(args: argparse.Namespace, bootstrap: str, items_url: str, work: Path) -> None:
     config = range_reader.consumer_config({"bootstrap.servers": bootstrap}, "task-speed")
+    reading, uploading = _Clock(), _Clock()
+
+    def timed_target(settings: EmsSettings) -> UploadTarget:
+        target = build_target(settings)
+        target.upload = uploading.wrap(target.upload)
+        return target
+
     spec = TaskSpec(
         decode=DecodeSpec(None, ("id",), "_offset"),
         target_settings=EmsSettings(endpoint=items_url, authorization=AUTHORIZATION, client_id="task-speed"),
-        build_target=build_target, table_template="{topic}", scratch_dir=str(work / "scratch"),
+        build_target=timed_target, table_template="{topic}", scratch_dir=str(work / "scratch"),
         flush_bytes=64 << 20, flush_records=100_000, compression="snappy", error_policy="fail", compact_files=True,
     )
-    reading, uploading = _Clock(), _Clock()
 
     def read(rng: Range) -> Iterator[pa.RecordBatch]:
         return reading.iterate(range_reader.read_range(rng, config, 32 << 20))
@@ -117,12 +124,6 @@ def _run(args: argparse.Namespace, bootstrap: str, items_url: str, work: Path) -
         reading.seconds = uploading.seconds = 0.0
         started = time.thread_time()
         for partition in range(args.tasks):
-            from sink_service import partition_task  # the worker's cached target, timed from here on
-
-            for settings, target in partition_task._targets.items():
-                if not hasattr(target, "_timed"):
-                    target.upload = uploading.wrap(target.upload)
-                    target._timed = settings
             outcome = process_range(spec, Range("orders", partition, 0, args.records_per_task), read).to_pylist()[0]
             if outcome["status"] != "ok":
                 raise RuntimeError(outcome["error"])

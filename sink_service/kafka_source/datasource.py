@@ -55,8 +55,9 @@ class SourceOptions:
     flush_bytes: int
     flush_interval_ms: int
     max_files_per_batch: int
-    first_batch_files: int  # the executor cores: one wave of tasks
-    tasks_per_batch: int  # the executor cores: ranges are dealt into this many tasks
+    # One wave of tasks: the first batch holds this many files, and every batch's ranges are
+    # dealt into this many tasks.
+    executor_cores: int
     retention_gap_policy: str
     read_batch_max_bytes: int
     state_dir: str  # planner <-> driver hints (size estimates, pending state); never needed for correctness
@@ -146,7 +147,7 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
             o = self.options
             self._admission = Admission(
                 Thresholds(o.flush_records, o.flush_bytes, o.flush_interval_ms / 1000, o.max_files_per_batch,
-                           o.first_batch_files)
+                           o.executor_cores)
             )
         return self._offsets
 
@@ -195,7 +196,7 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
             for (topic, partition), stop in sorted(finish.items())
             if (topic, partition) in begin and stop > begin[(topic, partition)]
         ]
-        return bundle(ranges, self.options.tasks_per_batch)
+        return bundle(ranges, self.options.executor_cores)
 
     def commit(self, end: dict) -> None:
         # Progress is committed to Kafka by the driver after upload, not here: Spark calls this

@@ -27,7 +27,7 @@ def planner(tmp_path, kafka: ScriptedKafka) -> KafkaRangeStreamReader:
     options = SourceOptions(
         client_config={}, group_id="g",
         starting_positions={"orders": {"0": 0}}, flush_records=1000, flush_bytes=1 << 30,
-        flush_interval_ms=60_000, max_files_per_batch=100, first_batch_files=None, tasks_per_batch=2,
+        flush_interval_ms=60_000, max_files_per_batch=100, executor_cores=100,
         retention_gap_policy="fail", read_batch_max_bytes=1 << 20,
         state_dir=str(tmp_path), task="",
     )
@@ -35,15 +35,6 @@ def planner(tmp_path, kafka: ScriptedKafka) -> KafkaRangeStreamReader:
     reader._kafka()  # builds the admission; the admin client is replaced below
     reader._offsets = kafka
     return reader
-
-
-def covered(reader: KafkaRangeStreamReader, start: dict, end: dict) -> dict[tuple[str, int], list[tuple[int, int]]]:
-    spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
-    for part in reader.partitions(start, end):
-        for planned in part.ranges:
-            r = planned.range
-            spans.setdefault((r.topic, r.partition), []).append((r.start, r.end))
-    return spans
 
 
 def test_one_range_per_partition_per_batch(tmp_path):
