@@ -18,6 +18,7 @@ pytestmark = pytest.mark.e2e
 # What Spark, its JVM and PySpark leave in a temp directory (names they choose; other processes
 # on the machine may create other files there meanwhile).
 LEAK_PREFIXES = ("spark-", "liblz4-java", "blockmgr-", "snappy-")
+OUTAGE_S = 20  # shorter than the retry budget the outage test sets, so no upload gives up
 
 
 def test_two_services_sharing_a_scratch_directory_do_not_disturb_each_other(
@@ -99,14 +100,15 @@ def test_starts_and_kills_leave_nothing_in_the_system_temp_directory(
 
 
 def test_an_outage_shows_within_seconds_and_so_does_recovery(bootstrap, unique, service_env, services, tmp_path):
-    """A 60 s outage at the default retry budget (60 s): tasks keep retrying inside the executor
-    all that time, so only the live signals can tell the driver."""
+    """A 20 s outage inside a 30 s retry budget: tasks keep retrying inside the executor all that
+    time, so only the live signals can tell the driver."""
     endpoint = LocalEmsServer(tmp_path / "ems-outage", AUTHORIZATION)
     endpoint.start()
     try:
         topic, group = unique("live"), unique("group")
         create_topics(bootstrap, {topic: 2})
-        env = service_env(topic, group, SINK_EMS_ENDPOINT=endpoint.items_url(), SINK_FLUSH_INTERVAL_MS=1000)
+        env = service_env(topic, group, SINK_EMS_ENDPOINT=endpoint.items_url(), SINK_FLUSH_INTERVAL_MS=1000,
+                          SINK_UPLOAD_RETRY_BUDGET_MS=OUTAGE_S * 1000 + 10_000)
         port = int(env["SINK_HTTP_PORT"])
         service = services(env)
         wait_until(lambda: (service.readiness(port) or (0,))[0] == 200, 60, "ready", process=service)
@@ -128,7 +130,7 @@ def test_an_outage_shows_within_seconds_and_so_does_recovery(bootstrap, unique, 
                    process=service)
         shown_after = time.monotonic() - outage
         retries_then = metric_total(scrape_metrics(port), "sink_upload_retries_total")
-        time.sleep(max(0.0, 60 - (time.monotonic() - outage)))
+        time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - outage)))
         assert metric_total(scrape_metrics(port), "sink_upload_retries_total") > retries_then, "retries rising"
 
         endpoint.clear_faults()
