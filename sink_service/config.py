@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 import pyarrow as pa
 
+from sink_service.column_names import DEFAULT_METADATA_COLUMNS
 from sink_service.ddl import DdlError, parse_ddl
 from uploader.masking import mask_userinfo
 
@@ -162,7 +163,7 @@ class SinkConfig:
         "SINK_METADATA_COLUMNS", "Comma-separated Kafka metadata columns written: any of `_key`, `_topic`, "
         "`_partition`, `_offset`, `_timestamp` and `_headers` (the record's headers as a JSON object), or "
         "`none`. The order field and primary keys among them are written in any case.",
-        ("_key", "_topic", "_partition", "_offset", "_timestamp"), group="Records")
+        DEFAULT_METADATA_COLUMNS, group="Records")
     value_schema: str | None = setting(
         "SINK_VALUE_SCHEMA", "Optional Spark DDL for the JSON value, e.g. `id STRING, amount "
         "DOUBLE`. Fields not declared are not written. When absent the schema is inferred and no "
@@ -665,7 +666,7 @@ def _check_records(c: SinkConfig) -> list[str]:
             schema = parse_ddl(c.value_schema)
         except DdlError as exc:
             return [f"SINK_VALUE_SCHEMA is not valid Spark DDL: {exc}."]
-        from sink_service.decode.metadata import METADATA_COLUMNS
+        from sink_service.column_names import METADATA_COLUMNS
 
         known = set(_declared_columns(schema, c)) | set(METADATA_COLUMNS)
         for key in c.primary_keys:
@@ -689,7 +690,7 @@ def _declared_columns(schema: Any, c: SinkConfig) -> list[str]:
 
 
 def _check_row_shape(c: SinkConfig) -> list[str]:
-    from sink_service.decode.flatten import column_name
+    from sink_service.column_names import column_name
 
     problems = []
     if c.flatten:
@@ -709,7 +710,7 @@ def _check_row_shape(c: SinkConfig) -> list[str]:
 
 
 def _check_obfuscation(c: SinkConfig) -> list[str]:
-    from sink_service.decode.flatten import column_name
+    from sink_service.column_names import column_name
 
     hashing = c.obfuscation_method != "fix"
     problems = []
@@ -741,7 +742,7 @@ def _check_obfuscation(c: SinkConfig) -> list[str]:
 
 
 def _check_keys_and_metadata(c: SinkConfig) -> list[str]:
-    from sink_service.decode.metadata import METADATA_COLUMNS
+    from sink_service.column_names import METADATA_COLUMNS
 
     problems = []
     for name in c.metadata_columns:
@@ -832,7 +833,7 @@ def transform_for(c: SinkConfig) -> Transform | None:
     """SINK_TRANSFORM_SQL compiled for the rows this configuration decodes; raises `TransformInvalid`."""
     if not c.transform_sql:
         return None
-    from sink_service.decode.metadata import METADATA_COLUMNS
+    from sink_service.column_names import METADATA_COLUMNS
     from sink_service.transform_sql import compile_transform
 
     columns, complete = _transform_input(c)
@@ -864,6 +865,8 @@ def _transform_input(c: SinkConfig) -> tuple[pa.Schema, bool]:
 
 
 def _check_transform(c: SinkConfig) -> list[str]:
+    if not c.transform_sql:
+        return []  # and sqlglot (~0.1 s) stays unimported, on the way to the JVM's start
     from sink_service.transform_sql import TransformInvalid
 
     try:

@@ -10,21 +10,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import sys
-import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 
 from confluent_kafka import KafkaException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from sink_service import java_home, spark_home
 from sink_service.config import STRUCTURED_KEY_FORMATS, SinkConfig, csv_character, transform_for
 from sink_service.ddl import parse_ddl
 from sink_service.dead_letters import DeadLetterSpec
@@ -35,7 +30,6 @@ from sink_service.health import Health
 from sink_service.kafka_source.datasource import (
     FORMAT_NAME,
     PENDING_STATE_FILE,
-    KafkaRangeDataSource,
     SourceOptions,
 )
 from sink_service.kafka_source.membership import CommitRefused, GroupMembership, instance_id
@@ -45,15 +39,11 @@ from sink_service.offset_commit import ContiguousCommits, RangeOutcome
 from sink_service.partition_task import ERROR_PROCESSING, RESULT_SCHEMA_DDL, STATUS_FATAL, STATUS_OK, TaskSpec
 from sink_service.planner_hints import PlannerHints
 from sink_service.repeated_failures import Failure, RepeatedFailures, Streak
-from sink_service.stop_signals import sigterm_ignored_by_children
 from sink_service.targets import build_target, target_settings
 from sink_service.upload_signals import NO_SIGNALS, SIGNAL_PATH, LiveUploads, SignalChannel
 
 log = logging.getLogger("sink_service.pipeline")
 
-LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
-CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
-DRIVER_HEAP = "512m"  # the driver JVM's heap cap: it plans and commits, records never enter it
 BROKER_ANSWER_S = 5.0  # a broker check without an answer for this long marks the broker unreachable
 ASSIGNMENT_WAIT_S = 60.0  # joining the group takes a few seconds; longer means the broker is not answering
 REVOKE_WAIT_S = 120.0  # a rebalance waits this long for the batch in flight to upload and commit
@@ -65,66 +55,6 @@ class BatchIncomplete(Exception):
 
 class FatalPipelineError(Exception):
     """Retrying cannot fix this; the service stops with a non-zero exit."""
-
-
-def start_spark(config: SinkConfig, extra_java_options: Sequence[str] = ()) -> SparkSession:
-    java_home.resolve_java()  # JAVA_HOME of the Java installed from PyPI, where that is the one
-    # Executors must run this interpreter, the one that has the project's dependencies.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    if config.spark_master.startswith("local"):
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    # Records never enter the JVM, so it mostly schedules tasks: the C1 compiler and the serial
-    # collector start faster and use less memory (about 1.5 s less start-up measured here).
-    jvm_options = [f"-Dlog4j2.configurationFile=file:{LOG4J2_PROPERTIES}",
-                   "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
-    # Temporary files (Spark's `spark-*` directories, the lz4 native library the JVM unpacks, the
-    # Python side's files) go to the scratch area, which is cleared at the next start: in the
-    # system temp directory they would pile up across restarts, even clean ones.
-    temp = Path(config.scratch_dir) / "tmp"
-    temp.mkdir(parents=True, exist_ok=True)
-    os.environ["TMPDIR"] = str(temp)
-    tempfile.tempdir = str(temp)
-    # The prepared home and class archive are this machine's: a cluster's executors have their own.
-    # Its live heap stays near 55 MB (GC log); the default heap (1/64 of the host's memory to start,
-    # 1 GB at most) let the JVM alone reach 830 MB in one 4M-record drain. Small to start, capped at
-    # DRIVER_HEAP: 413 -> 336 MB of JVM RSS on a 1M drain, and no run above the documented bound.
-    driver_options = [*jvm_options, "-Xms64m", f"-Djava.io.tmpdir={temp}",
-                      *spark_home.activate(config.spark_class_archive), *extra_java_options]
-    builder = (
-        SparkSession.builder.master(config.spark_master)
-        .appName("kafka-parquet-sink")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.adaptive.enabled", "false")  # not used by streaming; avoids a warning per query
-        .config("spark.python.worker.reuse", "true")
-        # The plans carry one outcome row per range: generating and compiling Java code for them
-        # cost the first micro-batch ~0.5 s of JVM time (Janino, five classes) and saved nothing.
-        .config("spark.sql.codegen.wholeStage", "false")
-        .config("spark.sql.codegen.factoryMode", "NO_CODEGEN")
-        .config("spark.sql.streaming.stopActiveRunOnRestart", "true")
-        # The checkpoint is scratch. Spark's default manager renames through Hadoop's FileContext,
-        # which forks `readlink` for every file it writes (JVM CPU 8.2 -> 7.5 s in 65 s at 20k/s).
-        .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
-        .config("spark.driver.memory", DRIVER_HEAP)
-        .config("spark.driver.extraJavaOptions", " ".join(driver_options))
-        .config("spark.executor.extraJavaOptions", " ".join(jvm_options))
-        .config("spark.local.dir", str(Path(config.scratch_dir) / "spark-local"))
-    )
-    if not config.spark_master.startswith("local"):
-        # Task specs carry upload credentials to executors: authenticate and encrypt Spark's RPC.
-        builder = (builder.config("spark.authenticate", "true")
-                   .config("spark.network.crypto.enabled", "true"))
-        if config.spark_auth_secret:
-            builder = builder.config("spark.authenticate.secret", config.spark_auth_secret)
-    # The JVM inherits the ignored SIGTERM and keeps ignoring it, so a SIGTERM sent to the whole
-    # process group cannot kill it before the service has drained and committed.
-    with sigterm_ignored_by_children():
-        spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(config.spark_log_level)
-    spark.dataSource.register(KafkaRangeDataSource)
-    return spark
 
 
 class Pipeline:

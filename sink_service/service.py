@@ -7,7 +7,9 @@ policy). Everything else is retried from the committed offsets while the process
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib
 import logging
 import secrets
 import signal
@@ -15,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaException
 from pyspark.errors import StreamingQueryException
@@ -23,10 +26,13 @@ from sink_service.config import SinkConfig
 from sink_service.health import Health, HealthServer
 from sink_service.kafka_source.offsets import OffsetGapError
 from sink_service.metrics import SinkMetrics
-from sink_service.pipeline import Pipeline, start_spark
 from sink_service.scratch import ScratchBusy, claim_scratch
-from sink_service.stop_signals import release_stop_signals
+from sink_service.spark_session import start_spark
+from sink_service.stop_signals import release_stop_signals, stop_signals_held
 from sink_service.upload_signals import SIGNAL_PATH, LiveUploads
+
+if TYPE_CHECKING:
+    from sink_service.pipeline import Pipeline
 
 log = logging.getLogger("sink_service")
 
@@ -72,7 +78,15 @@ class SinkService:
                                   signals=(SIGNAL_PATH, self._receive_signal))
             server.start()
             log.info("HTTP endpoints on port %d: /healthz /readyz /metrics", server.port)
+        # The JVM starts on one core for seconds; the pipeline's imports (~0.5 s) take the other.
+        # Started with the stop signals held, so that neither this thread nor any thread its imports
+        # start can take a SIGTERM while the main thread ignores it for the JVM's sake.
+        with stop_signals_held():
+            threading.Thread(target=_import_quietly, args=("sink_service.pipeline",), name="import-pipeline",
+                             daemon=True).start()
         spark = start_spark(self.config)
+        from sink_service.pipeline import Pipeline  # waits for the thread's import if still running
+
         try:
             self._pipeline = Pipeline(self.config, spark, self.health, self.metrics, self.live_uploads)
             self._pipeline.membership.start()
@@ -178,3 +192,9 @@ def _summary(error: object) -> str:
     lines = [line for line in str(error).splitlines() if line.strip()]
     wanted = [line for line in lines if "Error" in line or "Exception" in line or "failed" in line]
     return " | ".join((wanted or lines)[:6])[:2000]
+
+
+def _import_quietly(module: str) -> None:
+    """Import ahead of need; a failure is left for the main thread's own import to raise."""
+    with contextlib.suppress(Exception):
+        importlib.import_module(module)

@@ -141,7 +141,7 @@ def build_archive(target: Path) -> None:
     from pyspark import SparkContext
 
     from sink_service.config import SinkConfig
-    from sink_service.pipeline import start_spark
+    from sink_service.spark_session import start_spark
 
     with tempfile.TemporaryDirectory(prefix="class-archive-") as scratch:
         partial = Path(scratch) / target.name

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sink_service.column_names import OFFSET
+
 TABLE = "records"
-OFFSET = "_offset"  # as sink_service.decode.metadata.OFFSET; not imported, so tasks load no more than needed
 
 
 class TransformFailed(ValueError):

@@ -32,11 +32,12 @@ from functools import partial
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sink_service.column_names import DEFAULT_METADATA_COLUMNS, METADATA_COLUMNS, OFFSET, column_name
 from sink_service.decode.avro_values import parse_avro
 from sink_service.decode.bad_records import BadRecord, Failures, bad_records, kept
 from sink_service.decode.column_types import unify
 from sink_service.decode.csv_values import CsvFormat, parse_csv, parse_raw
-from sink_service.decode.flatten import FieldCollision, column_name, flatten
+from sink_service.decode.flatten import FieldCollision, flatten
 from sink_service.decode.json_values import ParsedValues, parse_objects
 from sink_service.decode.keys import (
     STRUCTURED_KEY_FORMATS,
@@ -46,14 +47,7 @@ from sink_service.decode.keys import (
     unexpected_fields,
     with_key_fields,
 )
-from sink_service.decode.metadata import (
-    DEFAULT_METADATA_COLUMNS,
-    METADATA_COLUMNS,
-    OFFSET,
-    split_reserved,
-    with_metadata,
-    written_metadata,
-)
+from sink_service.decode.metadata import split_reserved, with_metadata, written_metadata
 from sink_service.decode.obfuscate import obfuscate
 from sink_service.decode.protobuf_values import parse_protobuf
 from sink_service.decode.raw import RAW_SCHEMA

@@ -37,18 +37,17 @@ Python, value by value.
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from functools import reduce
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sink_service.column_names import column_name
 from sink_service.decode.bad_records import Failures
 from sink_service.decode.column_types import _map_list, json_text, unify
 
-_INVALID = re.compile(r"[^A-Za-z0-9_]")
 _NOT_CONTROL = bytes(range(0x20, 0x100))  # bytes a JSON string may hold unescaped (but `"` and `\`)
 _TEXT = pa.string()
 
@@ -62,12 +61,6 @@ class FieldCollision(ValueError):
         self.failures = failures
         row, (reason, _) = next(iter(failures.items()))
         super().__init__(f"{len(failures)} row(s) cannot be flattened, e.g. row {row}: {reason}")
-
-
-def column_name(path: Sequence[str], *, lowercase: bool) -> str:
-    """The flat column name of the field at `path` (its steps from the top-level field down)."""
-    name = "_".join(_INVALID.sub("_", step) for step in path) or "_"
-    return name.lower() if lowercase else name
 
 
 @dataclass(frozen=True)

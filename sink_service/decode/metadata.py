@@ -16,13 +16,10 @@ from collections.abc import Iterable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sink_service.column_names import METADATA_COLUMNS, OFFSET
 from sink_service.decode.bad_records import Failures
 from sink_service.decode.headers import headers_json
 from sink_service.decode.keys import key_column
-
-METADATA_COLUMNS = ("_key", "_topic", "_partition", "_offset", "_timestamp", "_headers")
-DEFAULT_METADATA_COLUMNS = ("_key", "_topic", "_partition", "_offset", "_timestamp")
-OFFSET = "_offset"
 
 
 def written_metadata(selected: Iterable[str], order_field: str, primary_keys: Iterable[str]) -> tuple[str, ...]:

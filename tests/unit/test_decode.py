@@ -8,9 +8,9 @@ import decimal
 import pyarrow as pa
 import pytest
 
+from sink_service.column_names import DEFAULT_METADATA_COLUMNS
 from sink_service.ddl import parse_ddl
 from sink_service.decode import RAW_SCHEMA, BadRecord, DecodeSpec, decode
-from sink_service.decode.metadata import DEFAULT_METADATA_COLUMNS
 
 TOPIC, PARTITION = "orders", 3
 INFER = DecodeSpec(None, (), "_offset")

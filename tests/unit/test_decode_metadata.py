@@ -5,8 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from sink_service.column_names import METADATA_COLUMNS
 from sink_service.decode import DecodeSpec
-from sink_service.decode.metadata import METADATA_COLUMNS, split_reserved, with_metadata, written_metadata
+from sink_service.decode.metadata import split_reserved, with_metadata, written_metadata
 from sink_service.decode.raw import RAW_SCHEMA
 
 

@@ -9,8 +9,9 @@ import json
 import pyarrow as pa
 import pytest
 
+from sink_service.column_names import column_name
 from sink_service.config import load_config
-from sink_service.decode.flatten import FieldCollision, column_name, flatten
+from sink_service.decode.flatten import FieldCollision, flatten
 from tests.unit.config_helpers import config_problems, ems_env
 
 METADATA = ("_key", "_offset")

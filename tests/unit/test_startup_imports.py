@@ -1,0 +1,22 @@
+"""What the service imports before it launches the JVM: the rest loads while the JVM starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+ENV = {"SINK_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092", "SINK_TOPICS": "orders", "SINK_GROUP_ID": "sink",
+       "SINK_TARGET": "ems", "SINK_EMS_ENDPOINT": "https://team.realm.celonis.cloud/continuous-batch-processing/api/v1/p/items",
+       "SINK_EMS_AUTHORIZATION": "AppKey secret", "SINK_EMS_TARGET_TABLE": "orders", "SINK_PRIMARY_KEYS": "id"}
+
+
+def test_config_checks_and_the_service_module_leave_the_pipeline_to_load_while_the_jvm_starts():
+    # The JVM takes seconds on one core; the pipeline's imports (decoding, Parquet, upload, sqlglot:
+    # ~0.5 s) run on the other meanwhile, so they must not be on the way to its launch.
+    probe = ("import sys; from sink_service.config import load_config; "
+             f"load_config({ENV!r}); import sink_service.service; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlglot', 'duckdb', 'boto3') "
+             "or m.startswith(('sink_service.decode', 'sink_service.pipeline', 'sink_service.partition_task', "
+             "'sink_service.kafka_source.datasource', 'uploader.ems'))))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "[]"
