@@ -10,7 +10,7 @@ from uploader.directory import DirectorySettings, DirectoryTarget
 from uploader.ems import EmsSettings, EmsTarget
 from uploader.parking import ParkingSettings, ParkingTarget
 from uploader.retry import RetryPolicy
-from uploader.s3 import S3Settings, S3Target
+from uploader.s3_settings import S3Settings
 from uploader.target import UploadTarget
 
 TargetSettings = EmsSettings | S3Settings | DirectorySettings | ParkingSettings
@@ -79,6 +79,8 @@ def build_target(settings: TargetSettings) -> UploadTarget:
     if isinstance(settings, EmsSettings):
         return EmsTarget(settings)
     if isinstance(settings, S3Settings):
+        from uploader.s3 import S3Target  # boto3 only for an S3 target
+
         return S3Target(settings)
     if isinstance(settings, DirectorySettings):
         return DirectoryTarget(settings)

@@ -15,7 +15,8 @@ from moto.server import ThreadedMotoServer
 from uploader.directory import DirectorySettings, DirectoryTarget
 from uploader.reader import latest_per_key, latest_rows, parquet_files, read_all, resolve
 from uploader.retry import RetryPolicy
-from uploader.s3 import S3Settings, S3Target
+from uploader.s3 import S3Target
+from uploader.s3_settings import S3Settings
 from uploader.target import FileMetadata
 
 FAST = RetryPolicy(max_elapsed_s=2.0, initial_backoff_s=0.01, max_backoff_s=0.02)

@@ -23,15 +23,8 @@ from sink_service.targets import build_target, target_settings
 from tests.uploader_fixtures import metadata_builder
 from uploader.errors import FatalUploadError, RetriesExhaustedError, RetryableUploadError
 from uploader.retry import RetryPolicy
-from uploader.s3 import (
-    BUCKET_SETTING,
-    CREDENTIALS_SETTING,
-    MIB,
-    REGION_SETTING,
-    S3Settings,
-    S3Target,
-    object_metadata,
-)
+from uploader.s3 import S3Target, object_metadata
+from uploader.s3_settings import BUCKET_SETTING, CREDENTIALS_SETTING, MIB, REGION_SETTING, S3Settings
 from uploader.target import UploadTarget
 
 pytestmark = pytest.mark.usefixtures("aws_env")  # dummy credentials, nothing from the machine

@@ -33,7 +33,8 @@ from uploader.classify import CA_BUNDLE_SETTING, error_for_exception
 from uploader.ems import EmsSettings, EmsTarget
 from uploader.errors import FatalUploadError, RetryableUploadError
 from uploader.retry import RetryPolicy
-from uploader.s3 import S3Settings, S3Target
+from uploader.s3 import S3Target
+from uploader.s3_settings import S3Settings
 
 AUTH = "AppKey tls-test-key-0123456789"
 # A generous budget: an error that were retried would show up as many connections and seconds.

@@ -17,13 +17,16 @@ import os
 import pathlib
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from uploader.directory import DirectorySettings, DirectoryTarget, temp_name
 from uploader.errors import FatalUploadError, RetryableUploadError, UploadError
 from uploader.retry import OnRetry
-from uploader.s3 import S3Settings, S3Target
+from uploader.s3_settings import S3Settings
 from uploader.target import FileMetadata, Receipt, UploadTarget
+
+if TYPE_CHECKING:
+    from uploader.s3 import S3Target
 
 PARKED_TARGET = "parked"
 SIDECAR_SUFFIX = ".response.json"
@@ -58,7 +61,13 @@ class ParkingTarget:
     def __init__(self, inner: UploadTarget, parked: DirectorySettings | S3Settings) -> None:
         self.inner = inner
         self.name = inner.name
-        self.parked = S3Target(parked) if isinstance(parked, S3Settings) else DirectoryTarget(parked)
+        self.parked: DirectoryTarget | S3Target
+        if isinstance(parked, S3Settings):
+            from uploader.s3 import S3Target  # boto3 only where files are parked in S3
+
+            self.parked = S3Target(parked)
+        else:
+            self.parked = DirectoryTarget(parked)
 
     def upload(self, path: pathlib.Path, metadata: FileMetadata, on_retry: OnRetry | None = None) -> Receipt:
         started = time.monotonic()
@@ -90,7 +99,7 @@ class ParkingTarget:
             details={"status": rejection.status, "reason": rejection.reason})
 
     def _store_sidecar(self, stored: Receipt, document: dict[str, Any]) -> None:
-        if isinstance(self.parked, S3Target):
+        if not isinstance(self.parked, DirectoryTarget):
             body = json.dumps(document, indent=2, ensure_ascii=False).encode()
             self.parked.put_object(stored.details["key"] + SIDECAR_SUFFIX, body, "application/json")
         else:

@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from uploader.directory import DirectorySettings
-from uploader.s3 import S3Settings, s3_client
+from uploader.s3 import s3_client
+from uploader.s3_settings import S3Settings
 
 Source = DirectorySettings | S3Settings | str | os.PathLike
 PARQUET_SUFFIX = ".parquet"

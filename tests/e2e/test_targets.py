@@ -16,7 +16,7 @@ from devkit.service_process import wait_until
 from tests.e2e.checks import all_committed
 from uploader.directory import DirectorySettings
 from uploader.reader import latest_rows
-from uploader.s3 import S3Settings
+from uploader.s3_settings import S3Settings
 
 pytestmark = pytest.mark.e2e
 
