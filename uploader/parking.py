@@ -99,11 +99,11 @@ class ParkingTarget:
             details={"status": rejection.status, "reason": rejection.reason})
 
     def _store_sidecar(self, stored: Receipt, document: dict[str, Any]) -> None:
-        if not isinstance(self.parked, DirectoryTarget):
+        if isinstance(self.parked, DirectoryTarget):
+            _write_atomically(sidecar_path(pathlib.Path(stored.location)), document)
+        else:
             body = json.dumps(document, indent=2, ensure_ascii=False).encode()
             self.parked.put_object(stored.details["key"] + SIDECAR_SUFFIX, body, "application/json")
-        else:
-            _write_atomically(sidecar_path(pathlib.Path(stored.location)), document)
 
     def close(self) -> None:
         self.inner.close()
