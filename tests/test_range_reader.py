@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +14,7 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import KafkaException, Producer
 
+from bench.workload import WorkloadSpec, build_records, produce
 from devkit.kafka_data import Workload, create_topics, produce_orders
 from sink_service.decode import DecodeSpec
 from sink_service.kafka_source import range_reader
@@ -119,6 +122,41 @@ def test_task_memory_stays_flat_with_1mb_values(bootstrap: str, large_values: st
     # the 48 MB range: three times the records, about the same peak.
     assert large < 32 * LARGE_VALUE_BYTES, (small, large)
     assert large < small * 1.5 + 2 * LARGE_VALUE_BYTES, (small, large)
+
+
+BACKLOG_RECORDS = 400_000
+GROWTH_BOUND = 96 << 20
+_READ_HALF_IN_A_FRESH_WORKER = """
+import sys
+from sink_service.kafka_source.admission import Range
+from sink_service.kafka_source.heap_release import resident_bytes
+from sink_service.kafka_source.range_reader import consumer_config, read_range
+bootstrap, topic, half = sys.argv[1], sys.argv[2], int(sys.argv[3])
+config = consumer_config({"bootstrap.servers": bootstrap}, "range-reader-heap")
+for _ in read_range(Range(topic, 0, 0, 10), config, 1 << 30):  # imports, connection, consumer
+    pass
+before = resident_bytes()
+for _ in read_range(Range(topic, 0, 0, half), config, 1 << 30):
+    pass
+print(resident_bytes() - before)
+"""
+
+
+def test_a_worker_gives_back_what_a_large_read_fetched(bootstrap: str):
+    """noida-db answers the first fetch with the partition's whole backlog (400k records, ~200 MB in
+    librdkafka). Once the range is read, a long-lived Python worker must not keep that memory: it
+    would stay at its largest read forever and stack the next one on top (+166 MB before the trim)."""
+    name = "range-reader-backlog"
+    create_topics(bootstrap, {name: 1})
+    keys, values = build_records(WorkloadSpec(records=BACKLOG_RECORDS, partitions=1))
+    produce(bootstrap, name, keys, values)
+    del keys, values
+    worker = subprocess.run(
+        [sys.executable, "-c", _READ_HALF_IN_A_FRESH_WORKER, bootstrap, name, str(BACKLOG_RECORDS // 2)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )
+    growth = int(worker.stdout.split()[-1])
+    assert growth < GROWTH_BOUND, f"the worker kept {growth >> 20} MB after the read"
 
 
 @pytest.fixture

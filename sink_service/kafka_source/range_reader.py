@@ -21,6 +21,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from sink_service.decode.headers import HEADERS
 from sink_service.decode.raw import RAW_SCHEMA
 from sink_service.kafka_source.admission import Range
+from sink_service.kafka_source.heap_release import release_if_grown
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,10 @@ def read_range(rng: Range, config: Mapping[str, object], max_batch_bytes: int) -
         # keeps fetching meanwhile (noida-db answers such fetches at once, so both spin).
         if _consumers.get(_key(config)) is consumer:  # not closed by a failure
             consumer.unassign()
+            # Served now, the unassign frees the messages fetched past the range's end, so the
+            # trim can hand their pages back (see `heap_release`).
+            consumer.consume(num_messages=1, timeout=0)
+            release_if_grown()
         if gc_was_enabled:
             gc.enable()
     if tail is not None:
