@@ -405,6 +405,10 @@ class SinkConfig:
     def table_for(self, topic: str) -> str:
         return (self.ems_target_table or "{topic}").replace("{topic}", topic)
 
+    def kafka_client_config(self) -> dict[str, str]:
+        """librdkafka settings shared by every client the service makes (SINK_KAFKA_* options included)."""
+        return {"bootstrap.servers": self.kafka_bootstrap_servers, **self.kafka_options}
+
     def selected_metadata_columns(self) -> tuple[str, ...]:
         """SINK_METADATA_COLUMNS without `none`, which selects no column."""
         return tuple(name for name in self.metadata_columns if name != "none")

@@ -32,7 +32,7 @@ from sink_service.kafka_source.datasource import (
     PENDING_STATE_FILE,
     SourceOptions,
 )
-from sink_service.kafka_source.membership import CommitRefused, GroupMembership, instance_id
+from sink_service.kafka_source.membership import CommitRefused, GroupMembership
 from sink_service.kafka_source.offsets import KafkaOffsets, nest
 from sink_service.metrics import SinkMetrics
 from sink_service.offset_commit import ContiguousCommits, RangeOutcome
@@ -46,7 +46,6 @@ log = logging.getLogger("sink_service.pipeline")
 
 BROKER_ANSWER_S = 5.0  # a broker check without an answer for this long marks the broker unreachable
 ASSIGNMENT_WAIT_S = 60.0  # joining the group takes a few seconds; longer means the broker is not answering
-REVOKE_WAIT_S = 120.0  # a rebalance waits this long for the batch in flight to upload and commit
 
 
 class BatchIncomplete(Exception):
@@ -59,22 +58,17 @@ class FatalPipelineError(Exception):
 
 class Pipeline:
     def __init__(self, config: SinkConfig, spark: SparkSession, health: Health, metrics: SinkMetrics,
-                 live_uploads: LiveUploads):
+                 live_uploads: LiveUploads, membership: GroupMembership, batch_running: threading.Event):
         self.config = config
         self.live_uploads = live_uploads
         self.metrics = metrics
         self.spark = spark
         self.health = health
-        self.client_config = {"bootstrap.servers": config.kafka_bootstrap_servers, **config.kafka_options}
+        self.client_config = config.kafka_client_config()
         self.kafka = KafkaOffsets(self.client_config, config.group_id)
         self.stopping = threading.Event()
-        self.batch_running = threading.Event()
-        self.membership = GroupMembership(
-            self.client_config, config.group_id,
-            list(config.topics) if config.topics else [f"^({config.topic_pattern})$"],  # a full match
-            config.topic_refresh_interval_ms, batch_idle=lambda: not self.batch_running.is_set(),
-            revoke_wait_s=REVOKE_WAIT_S, instance_id=instance_id(config.scratch_dir),
-            on_change=lambda assigned: metrics.assigned_partitions.set(len(assigned or ())))
+        self.membership = membership  # joined by the service while the JVM started
+        self.batch_running = batch_running  # set while a micro-batch runs: a rebalance waits for it
         self._epoch = -1  # the membership epoch the running query was planned at
         self.fatal_error: str | None = None
         self.failure = ""  # why the last micro-batch of this query failed, for readiness

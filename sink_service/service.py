@@ -24,6 +24,7 @@ from pyspark.errors import StreamingQueryException
 
 from sink_service.config import SinkConfig
 from sink_service.health import Health, HealthServer
+from sink_service.kafka_source.membership import GroupMembership, instance_id
 from sink_service.kafka_source.offsets import OffsetGapError
 from sink_service.metrics import SinkMetrics
 from sink_service.scratch import ScratchBusy, claim_scratch
@@ -40,6 +41,7 @@ EXIT_OK = 0
 EXIT_CONFIG = 2
 EXIT_FATAL = 3
 OFFSET_MONITOR_INTERVAL_S = 5.0
+REVOKE_WAIT_S = 120.0  # a rebalance waits this long for the batch in flight to upload and commit
 
 
 class SinkService:
@@ -78,31 +80,48 @@ class SinkService:
                                   signals=(SIGNAL_PATH, self._receive_signal))
             server.start()
             log.info("HTTP endpoints on port %d: /healthz /readyz /metrics", server.port)
-        # The JVM starts on one core for seconds; the pipeline's imports (~0.5 s) take the other.
-        # Started with the stop signals held, so that neither this thread nor any thread its imports
-        # start can take a SIGTERM while the main thread ignores it for the JVM's sake.
+        # The JVM starts on one core for seconds; the pipeline's imports (~0.5 s) take the other, and
+        # the group join runs meanwhile too: a join makes the broker work for seconds (noida-db: a
+        # core for 3-5 s on a backlog), which then overlaps the JVM's start, not the first batch.
+        # Started with the stop signals held, so that no thread started here (nor any thread the
+        # imports start) can take a SIGTERM while the main thread ignores it for the JVM's sake.
+        batch_running = threading.Event()
         with stop_signals_held():
             threading.Thread(target=_import_quietly, args=("sink_service.pipeline",), name="import-pipeline",
                              daemon=True).start()
-        spark = start_spark(self.config)
-        from sink_service.pipeline import Pipeline  # waits for the thread's import if still running
-
+            membership = self._join_group(batch_running)
+        spark = None
         try:
-            self._pipeline = Pipeline(self.config, spark, self.health, self.metrics, self.live_uploads)
-            self._pipeline.membership.start()
+            spark = start_spark(self.config)
+            from sink_service.pipeline import Pipeline  # waits for the thread's import if still running
+
+            self._pipeline = Pipeline(self.config, spark, self.health, self.metrics, self.live_uploads,
+                                      membership, batch_running)
             monitor = threading.Thread(target=self._monitor_offsets, name="offset-monitor", daemon=True)
             monitor.start()
             if self._stop_requested.is_set():
                 self._pipeline.stopping.set()
             return self._supervise(self._pipeline)
         finally:
-            if self._pipeline is not None:
-                self._pipeline.membership.close()  # after the drain: leave the group, partitions move at once
-            spark.stop()
+            membership.close()  # after the drain: leave the group, partitions move at once
+            if spark is not None:
+                spark.stop()
             scratch.release()
             if server is not None:
                 server.stop()
             log.info("stopped")
+
+    def _join_group(self, batch_running: threading.Event) -> GroupMembership:
+        """Start joining the consumer group; the pipeline plans only the partitions it assigns."""
+        c = self.config
+        membership = GroupMembership(
+            c.kafka_client_config(), c.group_id,
+            list(c.topics) if c.topics else [f"^({c.topic_pattern})$"],  # a full match
+            c.topic_refresh_interval_ms, batch_idle=lambda: not batch_running.is_set(),
+            revoke_wait_s=REVOKE_WAIT_S, instance_id=instance_id(c.scratch_dir),
+            on_change=lambda assigned: self.metrics.assigned_partitions.set(len(assigned or ())))
+        membership.start()
+        return membership
 
     def _metrics_exposition(self) -> tuple[bytes, str]:
         self.metrics.ready.set(1 if self.health.readiness()[0] else 0)
