@@ -237,11 +237,13 @@ def targets_markdown(result: dict) -> str:
         if run.get("mode") == "live":
             name = f"live {run['rate']:,}/s"
             hw = table.get("service/handwritten", {})
+            # librdkafka's fetch threads spin on noida-db for the hand-written consumer, not for the
+            # service's range readers: the target is judged without them, the whole tree is shown.
             rows = [
-                ("CPU per million <= 1.2x hand-written",
-                 _verdict(hw.get("cpu_s_per_m_records"), 1.2, False, "{:.2f}x")),
-                ("... without fetch threads",
+                ("CPU per million <= 1.2x hand-written (without librdkafka's fetch threads)",
                  _verdict(hw.get("cpu_s_per_m_records_without_fetch"), 1.2, False, "{:.2f}x")),
+                ("... whole tree, fetch threads included (not comparable on noida-db)",
+                 _verdict(hw.get("cpu_s_per_m_records"), 1.2, False, "{:.2f}x")),
                 ("p99 latency no worse than hand-written", _verdict(hw.get("latency_p99_s"), 1.0, False, "{:.2f}x")
                  + f": {_fmt(service.get('latency_p99_s'), '{:.2f}')} s vs "
                  f"{_fmt(systems.get('handwritten', {}).get('latency_p99_s'), '{:.2f}')} s"),
