@@ -6,6 +6,8 @@ import json
 import time
 import uuid
 
+from confluent_kafka import Consumer
+
 from devkit.kafka_data import Workload, create_topics, produce_orders, reset_offsets
 from sink_service.kafka_source.membership import GroupMembership
 
@@ -31,5 +33,37 @@ def test_the_member_fetches_no_records_from_the_partitions_it_holds(bootstrap):
         time.sleep(2)  # a fetch in flight at the assignment would have been answered by now
         assert received, "no statistics from the member's consumer"
         assert received[-1] == 0, f"the member fetched {received[-1]:,} bytes of records it never reads"
+    finally:
+        member.close()
+
+
+def test_a_fenced_member_rejoins_with_a_new_consumer(bootstrap):
+    # A broker stall can expire the member's session; its rejoin under the same group.instance.id
+    # then fences a request still in flight, a fatal error that ends the librdkafka client for good
+    # (seen in a broker-pause test: the instance held nothing and was never ready again). Another
+    # client joining under the same instance id causes the same fencing on demand.
+    topic = f"fenced-{uuid.uuid4().hex[:8]}"
+    group, instance = f"group-{topic}", f"instance-{topic}"
+    create_topics(bootstrap, {topic: 2})
+    member = GroupMembership({"bootstrap.servers": bootstrap}, group, [topic], 30_000, lambda: True, 10, instance)
+    member.start()
+    try:
+        _assigned, first_epoch = member.wait_assignment(30)
+        intruder = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "group.instance.id": instance,
+                             "session.timeout.ms": 10_000, "enable.auto.commit": False})
+        intruder.subscribe([topic])
+        deadline = time.monotonic() + 30
+        while not intruder.assignment() and time.monotonic() < deadline:
+            intruder.poll(0.2)
+        assert intruder.assignment(), "the second client under the same instance id got no partitions"
+        intruder.close()  # a static member does not leave: the group keeps its place for the instance
+        again = None
+        while again is None and time.monotonic() < deadline + 30:
+            settled = member.wait_assignment(1)
+            if settled is not None and settled[1] > first_epoch:
+                again = settled
+        assert again is not None, "the fenced member never held the partitions again"
+        assert again[0] == {(topic, 0), (topic, 1)}
+        member.commit({(topic, 0): 0, (topic, 1): 0}, again[1])  # the new client's commits are accepted
     finally:
         member.close()

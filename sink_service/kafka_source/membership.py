@@ -12,6 +12,7 @@ commit over and waits for the answer.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import queue
@@ -68,6 +69,7 @@ class GroupMembership:
             "enable.auto.offset.store": False,
             "topic.metadata.refresh.interval.ms": refresh_interval_ms,  # new topics and partitions
         }
+        self._config = config
         self._consumer = Consumer(config)
         self._subscription = subscription
         self._group_id = group_id
@@ -84,8 +86,11 @@ class GroupMembership:
         self._thread = threading.Thread(target=self._run, name="group-member", daemon=True)
 
     def start(self) -> None:
-        self._consumer.subscribe(self._subscription, on_assign=self._assign, on_revoke=self._revoke)
+        self._subscribe()
         self._thread.start()
+
+    def _subscribe(self) -> None:
+        self._consumer.subscribe(self._subscription, on_assign=self._assign, on_revoke=self._revoke)
 
     def close(self) -> None:
         """Stop being a member; the last thing the service does with Kafka."""
@@ -126,11 +131,26 @@ class GroupMembership:
             message = self._consumer.poll(POLL_S)  # never a record: every assigned partition is paused
             if message is not None and message.error() is not None:
                 self._report(message.error())
+                if message.error().fatal() or message.error().code() == KafkaError._FATAL:
+                    self._replace_consumer()
         self._serve_commits()
         # Revokes (the drain already ended the batch). A static member does not leave the group: its
         # partitions move after the session timeout, or at once to this instance restarted.
         self._consumer.close()
         self._serve_commits()
+
+    def _replace_consumer(self) -> None:
+        """A fatal error (e.g. this static member fenced after a broker stall: its session expired and
+        a rejoin under the same group.instance.id overtook an old request) ends a librdkafka client
+        for good. Without a new one the instance would hold nothing and never be ready again."""
+        log.warning("consumer group %s: the group member cannot continue; rejoining with a new one", self._group_id)
+        if self.assigned is not None:  # librdkafka revokes before it reports the error; this is a fallback
+            self._revoke(self._consumer, [TopicPartition(t, p) for t, p in sorted(self.assigned)])
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self._consumer.close()
+        self._consumer = Consumer(self._config)
+        self._last_error = None
+        self._subscribe()
 
     def _report(self, error: KafkaError) -> None:
         """Subscription errors (e.g. a topic that does not exist) once each: with none of its topics
