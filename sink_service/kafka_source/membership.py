@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 TP = tuple[str, int]
 POLL_S = 0.05  # how long a commit may wait for the member thread; also its callback latency
 ANSWER_S = 30.0  # a commit without an answer for this long counts as refused
+# Fenced this often within the window, the member is not losing a race after a broker stall: another
+# live client uses its group.instance.id, and rejoining would only fence that one in turn, forever.
+FENCED_LIMIT = 3
+FENCED_WINDOW_S = 600.0
 DEFAULT_SESSION_TIMEOUT_MS = "10000"  # a killed instance's partitions move after this long
 
 
@@ -74,6 +78,8 @@ class GroupMembership:
         self._subscription = subscription
         self._group_id = group_id
         self._last_error: int | None = None
+        self._fatal_at: list[float] = []  # monotonic times of fatal errors within FENCED_WINDOW_S
+        self.gave_up = False  # fenced FENCED_LIMIT times: stays out of the group (never ready)
         self._batch_idle = batch_idle
         self._revoke_wait_s = revoke_wait_s
         self._on_change = on_change
@@ -132,20 +138,35 @@ class GroupMembership:
             if message is not None and message.error() is not None:
                 self._report(message.error())
                 if message.error().fatal() or message.error().code() == KafkaError._FATAL:
-                    self._replace_consumer()
+                    self._on_fatal()
         self._serve_commits()
         # Revokes (the drain already ended the batch). A static member does not leave the group: its
         # partitions move after the session timeout, or at once to this instance restarted.
         self._consumer.close()
         self._serve_commits()
 
+    def _on_fatal(self) -> None:
+        if self.gave_up:
+            return
+        if self.assigned is not None:  # librdkafka does not always revoke before a fatal error
+            self._revoke(self._consumer, [TopicPartition(t, p) for t, p in sorted(self.assigned)])
+        now = time.monotonic()
+        self._fatal_at = [t for t in self._fatal_at if now - t < FENCED_WINDOW_S] + [now]
+        if len(self._fatal_at) < FENCED_LIMIT:
+            self._replace_consumer()
+            return
+        self.gave_up = True
+        log.error("consumer group %s: this member was fenced %d times within %.0f s: another running client "
+                  "uses its group.instance.id %r (two instances with one host name and one SINK_SCRATCH_DIR "
+                  "path, e.g. containers with host networking). It stays out of the group and is never ready; "
+                  "give each instance its own host name or scratch path, then restart it",
+                  self._group_id, len(self._fatal_at), FENCED_WINDOW_S, self._config["group.instance.id"])
+
     def _replace_consumer(self) -> None:
         """A fatal error (e.g. this static member fenced after a broker stall: its session expired and
         a rejoin under the same group.instance.id overtook an old request) ends a librdkafka client
         for good. Without a new one the instance would hold nothing and never be ready again."""
         log.warning("consumer group %s: the group member cannot continue; rejoining with a new one", self._group_id)
-        if self.assigned is not None:  # librdkafka revokes before it reports the error; this is a fallback
-            self._revoke(self._consumer, [TopicPartition(t, p) for t, p in sorted(self.assigned)])
         with contextlib.suppress(KafkaException, RuntimeError):
             self._consumer.close()
         self._consumer = Consumer(self._config)

@@ -8,6 +8,7 @@ import time
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from sink_service.kafka_source import membership
 from sink_service.kafka_source.membership import CommitRefused, GroupMembership, _CommitRequest, instance_id
 
 
@@ -117,3 +118,56 @@ def test_waiting_for_an_assignment_ends_when_the_service_stops():
     started = time.monotonic()
     assert group.wait_assignment(30, stop=stop) is None
     assert time.monotonic() - started < 5
+
+
+class ReplaceableConsumer(FakeConsumer):
+    def __init__(self, _config=None):
+        super().__init__()
+        self.closed = False
+
+    def subscribe(self, topics, on_assign, on_revoke):
+        pass
+
+    def close(self):
+        self.closed = True
+
+
+def fenced_member(monkeypatch) -> tuple[GroupMembership, list[ReplaceableConsumer], list[float]]:
+    group, _fake = member()
+    group._consumer = ReplaceableConsumer()
+    made: list[ReplaceableConsumer] = []  # the consumers made after the first
+    clock = [1000.0]
+    monkeypatch.setattr(membership, "Consumer", lambda config: made.append(ReplaceableConsumer(config)) or made[-1])
+    monkeypatch.setattr(membership.time, "monotonic", lambda: clock[0])
+    return group, made, clock
+
+
+def test_a_fatal_error_replaces_the_consumer_until_fencing_repeats_then_it_gives_up_loudly(monkeypatch, caplog):
+    group, made, clock = fenced_member(monkeypatch)
+    for _ in range(membership.FENCED_LIMIT - 1):  # a race after a broker stall: rejoin
+        group._on_fatal()
+        clock[0] += 60
+    assert len(made) == membership.FENCED_LIMIT - 1 and not group.gave_up
+    assert all(c.closed for c in made[:-1]) and not made[-1].closed
+    group._on_fatal()  # fenced again and again: another live client has the same instance id
+    assert group.gave_up and len(made) == membership.FENCED_LIMIT - 1
+    assert "fenced 3 times" in caplog.text and "group.instance.id" in caplog.text
+    group._on_fatal()
+    assert len(made) == membership.FENCED_LIMIT - 1  # no more rejoining, no more fencing of the other
+
+
+def test_fatal_errors_far_apart_are_each_a_fresh_race(monkeypatch):
+    group, made, clock = fenced_member(monkeypatch)
+    for _ in range(2 * membership.FENCED_LIMIT):
+        group._on_fatal()
+        clock[0] += membership.FENCED_WINDOW_S / 2 + 1
+    assert not group.gave_up and len(made) == 2 * membership.FENCED_LIMIT
+
+
+def test_a_fatal_error_drops_the_assignment_even_when_librdkafka_did_not_revoke(monkeypatch):
+    # Seen with two clients under one instance id: the fenced one kept its assignment, so its
+    # service would have gone on planning batches it can never commit.
+    group, _made, _clock = fenced_member(monkeypatch)
+    group._assign(group._consumer, [TopicPartition("orders", 0)])
+    group._on_fatal()
+    assert group.assigned is None and not group.owns(1)
