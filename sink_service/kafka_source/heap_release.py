@@ -43,11 +43,15 @@ def resident_bytes() -> int:
         return 0
 
 
-def release_if_grown() -> bool:
-    """Return freed heap pages to the OS if the process grew by `GROWTH_BYTES`; True if it trimmed."""
+def release_if_grown(free_first: Callable[[], object] | None = None) -> bool:
+    """Return freed heap pages to the OS if the process grew by `GROWTH_BYTES`; True if it trimmed.
+
+    `free_first` runs only when a trim follows: whatever it frees is handed back too."""
     global _trimmed_at
     if _malloc_trim is None or resident_bytes() - _trimmed_at < GROWTH_BYTES:
         return False
+    if free_first is not None:
+        free_first()
     _malloc_trim(0)
     _trimmed_at = resident_bytes()
     return True

@@ -135,9 +135,10 @@ class GroupMembership:
         while not self._closing.is_set():
             self._serve_commits()
             message = self._consumer.poll(POLL_S)  # never a record: every assigned partition is paused
-            if message is not None and message.error() is not None:
-                self._report(message.error())
-                if message.error().fatal() or message.error().code() == KafkaError._FATAL:
+            error = message.error() if message is not None else None
+            if error is not None:
+                self._report(error)
+                if error.code() == KafkaError._FATAL:  # the event's own fatal() is False; its code says it
                     self._on_fatal()
         self._serve_commits()
         # Revokes (the drain already ended the batch). A static member does not leave the group: its

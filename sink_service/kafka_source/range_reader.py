@@ -163,10 +163,9 @@ def read_range(rng: Range, config: Mapping[str, object], max_batch_bytes: int) -
         # keeps fetching meanwhile (noida-db answers such fetches at once, so both spin).
         if _consumers.get(_key(config)) is consumer:  # not closed by a failure
             consumer.unassign()
-            # Served now, the unassign frees the messages fetched past the range's end, so the
-            # trim can hand their pages back (see `heap_release`).
-            consumer.consume(num_messages=1, timeout=0)
-            release_if_grown()
+            # Served before a trim, the unassign frees the messages fetched past the range's end, so
+            # the trim hands their pages back too (see `heap_release`); a live run's reads skip both.
+            release_if_grown(free_first=lambda: consumer.consume(num_messages=1, timeout=0))
         if gc_was_enabled:
             gc.enable()
     if tail is not None:
