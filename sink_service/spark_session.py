@@ -7,6 +7,7 @@ module therefore imports nothing of the pipeline before the JVM is launched.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from py4j.protocol import Py4JError
 from pyspark.sql import SparkSession
 
 from sink_service import java_home, spark_home
@@ -21,6 +23,8 @@ from sink_service.stop_signals import sigterm_ignored_by_children
 
 if TYPE_CHECKING:
     from sink_service.config import SinkConfig
+
+log = logging.getLogger(__name__)
 
 LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
 CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
@@ -87,7 +91,28 @@ def start_spark(config: SinkConfig, extra_java_options: Sequence[str] = ()) -> S
     with sigterm_ignored_by_children():
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(config.spark_log_level)
+    _skip_static_source_lookup(spark)
     from sink_service.kafka_source.datasource import KafkaRangeDataSource
 
     spark.dataSource.register(KafkaRangeDataSource)
     return spark
+
+
+def _skip_static_source_lookup(spark: SparkSession) -> None:
+    """Spare the first data source registration Spark's search for pip-installed data sources.
+
+    On the first Python data source call Spark starts a Python process that imports every module
+    named `pyspark_*` on the path, to register their `DefaultSource`s. The service reads only its
+    own registered source, and the search sat on the start-up path: a Python process (~0.3 s) and
+    an idle worker with its daemon kept for the whole run. Telling Spark's data source manager that
+    the search found nothing skips it. That manager is internal to Spark: where it changed, the
+    search simply runs as before.
+    """
+    jvm = spark._jvm
+    try:
+        manager = getattr(jvm.org.apache.spark.sql.execution.datasources, "DataSourceManager$").__getattr__("MODULE$")
+        if manager.dataSourceBuilders().isEmpty():
+            nothing = getattr(jvm.scala.collection.immutable, "Map$").__getattr__("MODULE$").empty()
+            getattr(manager, "dataSourceBuilders_$eq")(jvm.scala.Some(nothing))
+    except Py4JError as error:
+        log.info("Spark searches for pip-installed data sources at start-up (%s)", type(error).__name__)

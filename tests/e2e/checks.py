@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import psutil
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -90,3 +91,14 @@ def duplicate_overhead(ems: LocalEmsServer, topic: str, ends: dict[int, int]) ->
     spans = uploaded_ranges(ems, topic)
     sent = sum(last - first + 1 for ranges in spans.values() for first, last in ranges)
     return sent / sum(ends.values())
+
+
+def descendant_commands(pid: int) -> list[str]:
+    """The command lines of a process's living descendants (Spark's JVM and Python workers)."""
+    commands = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            commands.append(" ".join(child.cmdline()))
+        except psutil.Error:  # ended meanwhile, or a zombie (the JVM's short-lived helpers)
+            continue
+    return commands

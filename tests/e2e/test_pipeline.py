@@ -12,7 +12,7 @@ import pytest
 from devkit.kafka_data import Workload, committed_offsets, create_topics, end_offsets, produce_orders
 from devkit.service_process import wait_until
 from devkit.spark_cluster import standalone_cluster
-from tests.e2e.checks import all_committed, assert_ranges_cover, assert_table_exact, table_matches
+from tests.e2e.checks import all_committed, assert_ranges_cover, assert_table_exact, descendant_commands, table_matches
 from tests.e2e.conftest import AUTHORIZATION, POLL_INTERVAL_S
 
 pytestmark = pytest.mark.e2e
@@ -36,6 +36,11 @@ def _deliver_two_topics(bootstrap, ems, unique, service_env, services, **overrid
     checkpoint_files = [p.name for p in Path(env["SINK_SCRATCH_DIR"]).rglob("*") if "checkpoints" in p.parts]
     assert any(name.isdigit() for name in checkpoint_files), checkpoint_files  # offsets/N and commits/N
     assert not [name for name in checkpoint_files if name.endswith(".crc")], checkpoint_files
+    # Spark's search for pip-installed data sources is skipped: it cost a Python process on the
+    # start-up path and left it idle, with its daemon, for the whole run.
+    workers = descendant_commands(service.pid)
+    assert any("pyspark.worker" in cmdline for cmdline in workers), workers  # the tree is seen
+    assert not [cmdline for cmdline in workers if "lookup_data_sources" in cmdline], workers
     assert service.terminate() == 0
     output = service.output()
     assert AUTHORIZATION not in output and AUTHORIZATION.split()[1] not in output
