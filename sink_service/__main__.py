@@ -26,8 +26,9 @@ def _secrets(config: SinkConfig) -> list[str]:
 
 
 def _versions() -> dict[str, str]:
+    from importlib.metadata import version
+
     import confluent_kafka
-    import pyarrow
     import pyspark
 
     return {
@@ -35,7 +36,7 @@ def _versions() -> dict[str, str]:
         "spark": pyspark.__version__,
         "librdkafka": confluent_kafka.libversion()[0],
         "confluent_kafka": confluent_kafka.version()[0],
-        "pyarrow": pyarrow.__version__,
+        "pyarrow": version("pyarrow"),  # not imported: it is not needed before the JVM's launch
         "python": sys.version.split()[0],
     }
 

@@ -20,13 +20,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import pyarrow as pa
-
 from sink_service.column_names import DEFAULT_METADATA_COLUMNS
-from sink_service.ddl import DdlError, parse_ddl
 from uploader.masking import mask_userinfo
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from sink_service.transform import Transform
 
 MASK = "*****"
@@ -666,6 +665,9 @@ def _fullmatch(pattern: str, text: str) -> bool:
 def _check_records(c: SinkConfig) -> list[str]:
     problems = []
     if c.value_schema and not c.transform_sql:  # with a transform, the keys name its output (`_check_transform`)
+        # Declared schemas need pyarrow, which is not on the way to the JVM's launch otherwise.
+        from sink_service.ddl import DdlError, parse_ddl
+
         try:
             schema = parse_ddl(c.value_schema)
         except DdlError as exc:
@@ -816,6 +818,8 @@ def _check_csv(c: SinkConfig) -> list[str]:
         problems.append("SINK_VALUE_FORMAT=csv needs SINK_CSV_COLUMNS (Spark DDL, e.g. `id BIGINT, name STRING`) "
                         "or SINK_CSV_HEADER=true.")
     if c.csv_columns:
+        from sink_service.ddl import DdlError, parse_ddl
+
         try:
             schema = parse_ddl(c.csv_columns)
         except DdlError as exc:
@@ -849,6 +853,9 @@ def _transform_input(c: SinkConfig) -> tuple[pa.Schema, bool]:
     """The columns the statement's input is known to have, and whether they are all: a declared
     JSON schema's fields (flattened as configured) and the metadata columns written. Without a
     declared schema, or with a key whose fields become columns, other columns may arrive."""
+    import pyarrow as pa
+
+    from sink_service.ddl import DdlError, parse_ddl
     from sink_service.decode.flatten import flatten
     from sink_service.decode.metadata import with_metadata, written_metadata
     from sink_service.decode.raw import RAW_SCHEMA

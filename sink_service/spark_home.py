@@ -23,12 +23,9 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
 import pyspark
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from sink_service import java_home
 
@@ -101,45 +98,11 @@ def _link_home(home: Path) -> None:
             link.symlink_to(_pyspark_home() / name, target_is_directory=True)
 
 
-class _TrainingPartition(InputPartition):
-    pass
-
-
-class _TrainingReader(DataSourceStreamReader):
-    """Two tiny micro-batches through the same Python data source paths the service uses."""
-
-    def initialOffset(self) -> dict:
-        return {"batch": 0}
-
-    def latestOffset(self, start: dict, limit) -> dict:
-        return {"batch": min(start["batch"] + 1, 2)}
-
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        return [_TrainingPartition(i) for i in range(2)]
-
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        yield pa.RecordBatch.from_pydict({"value": [1]}, schema=pa.schema([("value", pa.int64())]))
-
-    def commit(self, end: dict) -> None:
-        pass
-
-
-class _TrainingSource(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return "sink_class_archive_training"
-
-    def schema(self) -> str:
-        return "value bigint"
-
-    def streamReader(self, schema) -> _TrainingReader:
-        return _TrainingReader()
-
-
 def build_archive(target: Path) -> None:
     """Run the training workload in a JVM that writes the archive at exit, then publish it."""
     from pyspark import SparkContext
 
+    from sink_service.class_archive_training import TrainingSource
     from sink_service.config import SinkConfig
     from sink_service.spark_session import start_spark
 
@@ -148,10 +111,10 @@ def build_archive(target: Path) -> None:
         config = SinkConfig(scratch_dir=scratch, spark_class_archive=OFF)
         started = time.monotonic()
         spark = start_spark(config, extra_java_options=[f"-XX:ArchiveClassesAtExit={partial}", *_QUIET])
-        spark.dataSource.register(_TrainingSource)
+        spark.dataSource.register(TrainingSource)
         batches: list[int] = []
         query = (
-            spark.readStream.format(_TrainingSource.name()).load()
+            spark.readStream.format(TrainingSource.name()).load()
             .writeStream.foreachBatch(lambda df, batch_id: batches.append(len(df.collect())))
             .trigger(processingTime="100 milliseconds")
             .option("checkpointLocation", str(Path(scratch) / "checkpoint"))

@@ -17,8 +17,10 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import requests
+if TYPE_CHECKING:
+    import requests
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,8 @@ class SignalSender:
     def send(self, kind: str, file: str, **fields: object) -> None:
         if not self._channel.url:
             return
+        import requests  # executor side only: the driver imports this module before the JVM's launch
+
         event = {"token": self._channel.token, "kind": kind, "task": self._task, "file": file,
                  "at": time.time(), **fields}
         try:
@@ -63,6 +67,8 @@ _local = threading.local()
 def _session() -> requests.Session:
     session = getattr(_local, "session", None)
     if session is None:
+        import requests
+
         session = _local.session = requests.Session()
     return session
 

@@ -13,9 +13,12 @@ ENV = {"SINK_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092", "SINK_TOPICS": "orders"
 def test_config_checks_and_the_service_module_leave_the_pipeline_to_load_while_the_jvm_starts():
     # The JVM takes seconds on one core; the pipeline's imports (decoding, Parquet, upload, sqlglot:
     # ~0.5 s) run on the other meanwhile, so they must not be on the way to its launch.
+    # Nor pyarrow (with numpy ~50 ms), requests (~30 ms) or PySpark's data source classes (~20 ms):
+    # the version line reads pyarrow's from its metadata, and only executors post upload signals.
     probe = ("import sys; from sink_service.config import load_config; "
-             f"load_config({ENV!r}); import sink_service.service; "
-             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlglot', 'duckdb', 'boto3') "
+             f"load_config({ENV!r}); import sink_service.service, sink_service.__main__ as main; main._versions(); "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlglot', 'duckdb', 'boto3', "
+             "'pyarrow', 'numpy', 'requests') or m == 'pyspark.sql.datasource' "
              "or m.startswith(('sink_service.decode', 'sink_service.pipeline', 'sink_service.partition_task', "
              "'sink_service.kafka_source.datasource', 'uploader.ems'))))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
