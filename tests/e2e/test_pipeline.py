@@ -39,7 +39,7 @@ def _deliver_two_topics(bootstrap, ems, unique, service_env, services, **overrid
     # Spark's search for pip-installed data sources is skipped: it cost a Python process on the
     # start-up path and left it idle, with its daemon, for the whole run.
     workers = descendant_commands(service.pid)
-    assert any("pyspark.worker" in cmdline for cmdline in workers), workers  # the tree is seen
+    assert any("create_data_source" in cmdline for cmdline in workers), workers  # the driver's planners are seen
     assert not [cmdline for cmdline in workers if "lookup_data_sources" in cmdline], workers
     assert service.terminate() == 0
     output = service.output()
