@@ -33,7 +33,8 @@ from sink_service.kafka_source.datasource import (
     SourceOptions,
 )
 from sink_service.kafka_source.membership import CommitRefused, GroupMembership
-from sink_service.kafka_source.offsets import KafkaOffsets, nest
+from sink_service.kafka_source.offsets import KafkaOffsets
+from sink_service.kafka_source.positions import nest
 from sink_service.metrics import SinkMetrics
 from sink_service.offset_commit import ContiguousCommits, RangeOutcome
 from sink_service.partition_task import ERROR_PROCESSING, RESULT_SCHEMA_DDL, STATUS_FATAL, STATUS_OK, TaskSpec

@@ -25,7 +25,7 @@ from pyspark.errors import StreamingQueryException
 from sink_service.config import SinkConfig
 from sink_service.health import Health, HealthServer
 from sink_service.kafka_source.membership import GroupMembership, instance_id
-from sink_service.kafka_source.offsets import OffsetGapError
+from sink_service.kafka_source.positions import OffsetGapError
 from sink_service.metrics import SinkMetrics
 from sink_service.scratch import ScratchBusy, claim_scratch
 from sink_service.spark_session import start_spark

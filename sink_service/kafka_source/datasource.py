@@ -28,12 +28,13 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadLimit
 
 from sink_service.kafka_source.admission import Admission, Range, Thresholds
-from sink_service.kafka_source.offsets import KafkaOffsets, OffsetGapError, flatten, nest
+from sink_service.kafka_source.positions import OffsetGapError, flatten, nest
 from sink_service.planner_hints import PlannerHints
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from sink_service.kafka_source.offsets import KafkaOffsets
     from sink_service.partition_task import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -143,6 +144,10 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
     # --- planning (driver side) ----------------------------------------------------------------
     def _kafka(self) -> KafkaOffsets:
         if self._offsets is None:
+            # Only the streaming runner asks Kafka: the processes that create the source or plan
+            # its read need no Kafka client.
+            from sink_service.kafka_source.offsets import KafkaOffsets
+
             self._offsets = KafkaOffsets(self.options.client_config, self.options.group_id)
             o = self.options
             self._admission = Admission(

@@ -14,32 +14,12 @@ from typing import TypeVar
 from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from sink_service.kafka_source.positions import TP, OffsetGapError
+
 log = logging.getLogger(__name__)
 
-TP = tuple[str, int]
 _TIMEOUT_S = 30.0
 T = TypeVar("T")
-
-
-class OffsetGapError(Exception):
-    """A committed offset lies outside the partition's log: deleted by retention, or beyond its end.
-
-    Beyond the end happens when the log was truncated (unclean leader election) or the topic was
-    deleted and recreated under the same name: once the new log grows past the old position, the
-    offsets in between would be skipped without a word.
-    """
-
-
-def flatten(nested: Mapping[str, Mapping[str, int]]) -> dict[TP, int]:
-    """Spark offsets are JSON: {"topic": {"0": 42}}; code works on {(topic, 0): 42}."""
-    return {(topic, int(p)): int(o) for topic, parts in nested.items() for p, o in parts.items()}
-
-
-def nest(flat: Mapping[TP, int]) -> dict[str, dict[str, int]]:
-    nested: dict[str, dict[str, int]] = {}
-    for (topic, partition), offset in sorted(flat.items()):
-        nested.setdefault(topic, {})[str(partition)] = offset
-    return nested
 
 
 class KafkaOffsets:

@@ -9,7 +9,7 @@ import pytest
 
 from sink_service.kafka_source.admission import Range
 from sink_service.kafka_source.datasource import KafkaRangeStreamReader, PlannedRange, SourceOptions, bundle
-from sink_service.kafka_source.offsets import OffsetGapError
+from sink_service.kafka_source.positions import OffsetGapError
 
 
 class ScriptedKafka:
@@ -58,8 +58,10 @@ def test_a_log_end_below_the_position_stops_the_query(tmp_path):
 def test_the_planning_processes_do_not_import_the_executor_side():
     # Spark starts a Python process per planning step before the first batch, each importing the
     # source module: decoding, Parquet and upload code there cost ~0.3 s and ~35 MB apiece.
+    # Nor a Kafka client (~25 ms): only the streaming runner's process asks Kafka.
     probe = ("import sys, sink_service.kafka_source.datasource; "
-             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pyarrow', 'boto3', 'requests') "
+             "print(sorted(m for m in sys.modules "
+             "if m.split('.')[0] in ('pyarrow', 'boto3', 'requests', 'confluent_kafka') "
              "or m.startswith(('sink_service.decode', 'sink_service.partition_task', 'uploader'))))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]"
