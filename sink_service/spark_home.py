@@ -1,6 +1,6 @@
 """The local Spark installation the driver starts: the jars pip installed, prepared to start fast.
 
-Two costs dominate Spark's start-up here, and both are paid once per installation instead of at
+Three costs dominate Spark's start-up here, and all are paid once per installation instead of at
 every start (`python -m sink_service.spark_home`; `scripts/bootstrap.sh` and the Dockerfile run it):
 
 1. **Python workers compile PySpark from a zip.** Spark puts `$SPARK_HOME/python/lib/pyspark.zip`
@@ -12,10 +12,10 @@ every start (`python -m sink_service.spark_home`; `scripts/bootstrap.sh` and the
    thread. A class-data archive (AppCDS) written by a training run holds them ready to map.
 3. **MLlib registers its SQL functions in every new session.** Its jar declares a session
    extension that builds Scala reflection's runtime universe and encoders: a quarter of the JVM's
-   sampled start-up (JFR), ~0.4 s. The prepared `jars` directory links every jar but MLlib's,
+   sampled start-up (JFR), ~0.3 s. The prepared `jars` directory links every jar but MLlib's,
    which the service never uses.
 
-Both are accelerators only: without them (or with an archive from another JVM) Spark starts as
+All are accelerators only: without them (or with an archive from another JVM) Spark starts as
 before, just slower. A SPARK_HOME set by the user is always respected.
 """
 
