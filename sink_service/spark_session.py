@@ -110,9 +110,9 @@ def _skip_static_source_lookup(spark: SparkSession) -> None:
     """
     jvm = spark._jvm
     try:
-        manager = getattr(jvm.org.apache.spark.sql.execution.datasources, "DataSourceManager$").__getattr__("MODULE$")
+        manager = getattr(getattr(jvm.org.apache.spark.sql.execution.datasources, "DataSourceManager$"), "MODULE$")
         if manager.dataSourceBuilders().isEmpty():
-            nothing = getattr(jvm.scala.collection.immutable, "Map$").__getattr__("MODULE$").empty()
+            nothing = getattr(getattr(jvm.scala.collection.immutable, "Map$"), "MODULE$").empty()
             getattr(manager, "dataSourceBuilders_$eq")(jvm.scala.Some(nothing))
     except Py4JError as error:
         log.info("Spark searches for pip-installed data sources at start-up (%s)", type(error).__name__)

@@ -17,10 +17,6 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import requests
 
 log = logging.getLogger(__name__)
 
@@ -51,26 +47,26 @@ class SignalSender:
     def send(self, kind: str, file: str, **fields: object) -> None:
         if not self._channel.url:
             return
-        import requests  # executor side only: the driver imports this module before the JVM's launch
-
         event = {"token": self._channel.token, "kind": kind, "task": self._task, "file": file,
                  "at": time.time(), **fields}
-        try:
-            _session().post(self._channel.url, data=json.dumps(event), timeout=SEND_TIMEOUT_S)
-        except requests.RequestException as exc:
-            log.debug("upload signal not delivered: %s", exc)
+        _post(self._channel.url, json.dumps(event))
 
 
 _local = threading.local()
 
 
-def _session() -> requests.Session:
+def _post(url: str, body: str) -> None:
+    """Best effort, on one HTTP session per thread; requests loads here, on executors only (the
+    driver imports this module on its way to the JVM's launch)."""
+    import requests
+
     session = getattr(_local, "session", None)
     if session is None:
-        import requests
-
         session = _local.session = requests.Session()
-    return session
+    try:
+        session.post(url, data=body, timeout=SEND_TIMEOUT_S)
+    except requests.RequestException as exc:
+        log.debug("upload signal not delivered: %s", exc)
 
 
 @dataclass
