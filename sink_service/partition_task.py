@@ -187,7 +187,7 @@ class _RangeProcessor:
         )
         o.records_written += closed.record_count
         self._uploading = (metadata.file_name(), time.time())
-        self._signals.send("started", metadata.file_name())
+        self._signals.started(metadata.file_name())
         try:
             receipt: Receipt = _target(spec).upload(closed.path, metadata, on_retry=self._count_retry)
         except FatalUploadError as exc:
@@ -198,7 +198,7 @@ class _RangeProcessor:
             self._stop(STATUS_RETRYABLE, f"upload of {metadata.file_name()} failed: {exc}")
         finally:
             closed.path.unlink(missing_ok=True)
-            self._signals.send("finished", metadata.file_name())
+            self._signals.finished(metadata.file_name())
         parked = receipt.target == PARKED_TARGET
         if parked:  # the endpoint refused the content: set aside, so the range continues
             log.error(
@@ -227,7 +227,7 @@ class _RangeProcessor:
     def _count_retry(self, error: RetryableUploadError, _attempt: int, _wait_s: float) -> None:
         self.outcome.retries[error.reason] += 1
         file, started_at = self._uploading
-        self._signals.send("retry", file, reason=error.reason, error=str(error), started_at=started_at)
+        self._signals.retried(file, started_at, error.reason, str(error))
 
     def _settle_dead_letters(self, committable: int) -> None:
         """Before the committable offset moves: every dead letter below it must be acknowledged."""

@@ -3,10 +3,11 @@
 A task reports its outcome only when it ends, and an upload retries inside the task for up to
 `SINK_UPLOAD_RETRY_BUDGET_MS`: without a live channel an endpoint outage would show in
 `/readyz` and the metrics only a minute after it began. Each task posts small JSON events to
-the driver's HTTP server (which executors on a cluster can reach): an upload started, retried
-(with the reason), or finished. The driver keeps the uploads in flight, so readiness turns false
-at the first retry and true again at the first success, and the oldest in-flight upload's age is
-a gauge. Best effort by design: a lost event delays a signal, it never changes delivery.
+the driver's HTTP server (which executors on a cluster can reach): an upload started (once it has
+run a second: quicker ones are never announced), retried (with the reason), or finished. The
+driver keeps the uploads in flight, so readiness turns false at the first retry and true again at
+the first success, and the oldest in-flight upload's age is a gauge. Best effort by design: a
+lost event delays a signal, it never changes delivery.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ log = logging.getLogger(__name__)
 
 SIGNAL_PATH = "/internal/upload-signal"
 SEND_TIMEOUT_S = 0.5
+# An upload that ends sooner than this is never announced: readiness and the in-flight gauge are
+# about uploads that fail or hang, and two posts per file cost the task worker and the driver CPU
+# that a live rate pays on every file.
+ANNOUNCE_AFTER_S = 1.0
 
 TaskKey = tuple[str, int, int]  # topic, partition, range start
 
@@ -38,13 +43,51 @@ NO_SIGNALS = SignalChannel("", "")
 
 
 class SignalSender:
-    """Executor side: one per task; never raises, never blocks an upload for long."""
+    """Executor side: one per task, for its uploads one at a time; never raises, never blocks an
+    upload for long."""
 
     def __init__(self, channel: SignalChannel, task: TaskKey):
         self._channel = channel
         self._task = list(task)
+        self._lock = threading.Lock()
+        self._upload: tuple[str, float] | None = None  # (file, started at) of the upload in flight
+        self._announcement: threading.Timer | None = None
+        self._announced = False
 
-    def send(self, kind: str, file: str, **fields: object) -> None:
+    def started(self, file: str) -> None:
+        """An upload began: the driver hears of it only if it is still running `ANNOUNCE_AFTER_S` later."""
+        if not self._channel.url:
+            return
+        upload = (file, time.time())
+        timer = threading.Timer(ANNOUNCE_AFTER_S, self._announce, upload)
+        timer.daemon = True
+        with self._lock:
+            self._upload, self._announcement, self._announced = upload, timer, False
+        timer.start()
+
+    def retried(self, file: str, started_at: float, reason: str, error: str) -> None:
+        with self._lock:
+            self._announced = True
+        self._send("retry", file, reason=reason, error=error, started_at=started_at)
+
+    def finished(self, file: str) -> None:
+        with self._lock:
+            announced, timer = self._announced, self._announcement
+            self._upload, self._announcement, self._announced = None, None, False
+        if timer is not None:
+            timer.cancel()
+        if announced:
+            self._send("finished", file)
+
+    def _announce(self, file: str, started_at: float) -> None:
+        # Under the lock, so a "finished" can never overtake the "started" it ends.
+        with self._lock:
+            if self._upload != (file, started_at) or self._announced:
+                return
+            self._announced = True
+            self._send("started", file, at=started_at)
+
+    def _send(self, kind: str, file: str, **fields: object) -> None:
         if not self._channel.url:
             return
         event = {"token": self._channel.token, "kind": kind, "task": self._task, "file": file,
