@@ -146,7 +146,6 @@ class _RangeProcessor:
         self.spec = spec
         self.decode_spec = spec.decode  # holds the primary keys once learned from the keys
         self._signals = SignalSender(spec.signals, (rng.topic, rng.partition, rng.start))
-        self._uploading: tuple[str, float] = ("", 0.0)  # file name, start time
         o = self.outcome = _Outcome(
             topic=rng.topic, partition=rng.partition, range_start=rng.start, range_end=rng.end
         )
@@ -186,7 +185,6 @@ class _RangeProcessor:
             schema_fingerprint=closed.schema_fingerprint,
         )
         o.records_written += closed.record_count
-        self._uploading = (metadata.file_name(), time.time())
         self._signals.started(metadata.file_name())
         try:
             receipt: Receipt = _target(spec).upload(closed.path, metadata, on_retry=self._count_retry)
@@ -226,8 +224,7 @@ class _RangeProcessor:
 
     def _count_retry(self, error: RetryableUploadError, _attempt: int, _wait_s: float) -> None:
         self.outcome.retries[error.reason] += 1
-        file, started_at = self._uploading
-        self._signals.retried(file, started_at, error.reason, str(error))
+        self._signals.retried(error.reason, str(error))
 
     def _settle_dead_letters(self, committable: int) -> None:
         """Before the committable offset moves: every dead letter below it must be acknowledged."""

@@ -65,10 +65,14 @@ class SignalSender:
             self._upload, self._announcement, self._announced = upload, timer, False
         timer.start()
 
-    def retried(self, file: str, started_at: float, reason: str, error: str) -> None:
+    def retried(self, reason: str, error: str) -> None:
+        """The upload in flight failed and will be tried again: the driver hears of it at once."""
         with self._lock:
-            self._announced = True
-        self._send("retry", file, reason=reason, error=error, started_at=started_at)
+            upload = self._upload
+            self._announced = upload is not None
+        if upload is not None:
+            file, started_at = upload
+            self._send("retry", file, reason=reason, error=error, started_at=started_at)
 
     def finished(self, file: str) -> None:
         with self._lock:

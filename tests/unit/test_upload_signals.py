@@ -56,7 +56,7 @@ def test_a_retry_makes_the_service_unready_at_once_and_success_makes_it_ready(dr
     sender, live, health = driver.sender(), driver.live, driver.health
     sender.started("f1.parquet")
     assert health.readiness()[0]
-    sender.retried("f1.parquet", 5.0, "http_503", "HTTP 503 from endpoint")
+    sender.retried("http_503", "HTTP 503 from endpoint")
     ready, detail = health.readiness()
     assert not ready and not detail["uploads_ok"]
     assert "f1.parquet (topic=orders partition=3) after 1 attempt(s): http_503" in detail["reason"]
@@ -106,7 +106,7 @@ def test_a_sender_without_a_channel_or_driver_never_raises():
     for sender in (SignalSender(NO_SIGNALS, TASK),
                    SignalSender(SignalChannel("http://127.0.0.1:9/x", "t"), TASK)):  # nothing listens
         sender.started("f")
-        sender.retried("f", 1.0, "timeout", "no answer")
+        sender.retried("timeout", "no answer")
         sender.finished("f")
 
 
