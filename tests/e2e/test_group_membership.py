@@ -89,9 +89,11 @@ def test_a_second_instance_shares_the_partitions_and_takes_over(
                120, "delivery by the two instances", process=second)
     # Handing partitions over waits for the batch in flight: a partition moves once, from A to B.
     # (A real broker accepts that batch's commit during the rebalance; noida-db already refuses
-    # it with ILLEGAL_GENERATION, so the new owner replays that one batch.)
+    # it with ILLEGAL_GENERATION, so the new owner replays that one batch.) A partition that A had
+    # not uploaded a file of yet when B joined shows B alone: still one move.
     assert_ranges_cover(ems, topic, end_offsets(bootstrap, topic, PARTITIONS), allow_replays=True)
-    assert all(owners in (["a"], ["a", "b"]) for owners in owner_changes({"a": first, "b": second}).values())
+    changes = owner_changes({"a": first, "b": second})
+    assert all(owners in (["a"], ["b"], ["a", "b"]) for owners in changes.values()), changes
 
     # A restarted instance (same host and scratch area: the same static member) takes its place
     # back at once, without a rebalance wait, after SIGTERM and after kill -9 alike. (noida-db
@@ -107,7 +109,7 @@ def test_a_second_instance_shares_the_partitions_and_takes_over(
                60, "delivery after the restart", process=first)
     assert_ranges_cover(ems, topic, end_offsets(bootstrap, topic, PARTITIONS), allow_replays=True)
     owners = owner_changes({"a": stopped, "a again": first, "b": second})
-    assert all(seen in (["a", "a again"], ["a", "b"]) for seen in owners.values()), owners
+    assert all(seen in (["a", "a again"], ["a", "b"], ["b"]) for seen in owners.values()), owners
 
     second.kill9()
     produce_orders(bootstrap, topic, keys=500, updates=1, workload=workload, seed=9, key_prefix="killed")
