@@ -74,7 +74,6 @@ class Pipeline:
         self.fatal_error: str | None = None
         self.failure = ""  # why the last micro-batch of this query failed, for readiness
         self._commits: ContiguousCommits | None = None
-        self._started_once = False
         self._repeated = RepeatedFailures(config.max_identical_failures)
         scratch = Path(config.scratch_dir)
         self.state_dir = scratch / "state"
@@ -132,15 +131,11 @@ class Pipeline:
         tps = sorted(assigned)
         self.metrics.keep_partitions(assigned)  # partitions now owned elsewhere report there
         (self.state_dir / PENDING_STATE_FILE).unlink(missing_ok=True)
-        # Only partitions present at the service's first start follow SINK_STARTING_OFFSETS (a
-        # `latest` position is committed then); any found later starts at its earliest offset.
-        starting = c.starting_offsets if not self._started_once else "earliest"
         try:
-            positions = self.kafka.resolve_start(tps, starting, c.retention_gap_policy,
+            positions = self.kafka.resolve_start(tps, c.starting_offsets, c.retention_gap_policy,
                                                  commit=lambda resolved: self.membership.commit(resolved, self._epoch))
         except CommitRefused as exc:
             raise KafkaException(f"start positions not committed, the group is rebalancing: {exc}") from exc
-        self._started_once = True
         self.health.update(broker_ok=True)
         self._commits = ContiguousCommits(positions)
         log.info("starting query at %s", {f"{t}:{p}": o for (t, p), o in sorted(positions.items())})

@@ -59,21 +59,27 @@ class KafkaOffsets:
         """Last stable offset: records of open transactions are not readable yet."""
         return self._list_offsets(tps, OffsetSpec.latest())
 
-    def committed(self, tps: Iterable[TP]) -> dict[TP, int]:
-        """Committed offsets of the group; partitions without a commit are absent."""
-        request = [TopicPartition(t, p) for t, p in tps]
-        if not request:
+    def committed(self, tps: Iterable[TP] | None) -> dict[TP, int]:
+        """Committed offsets of the group (of every partition it committed, for None); others absent."""
+        request = None if tps is None else [TopicPartition(t, p) for t, p in tps]
+        if request == []:
             return {}
         futures = self._admin.list_consumer_group_offsets(
             [ConsumerGroupTopicPartitions(self._group_id, request)], request_timeout=_TIMEOUT_S
         )
         result = self._answer(next(iter(futures.values())))
-        return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions if tp.offset >= 0}
+        return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions or () if tp.offset >= 0}
 
     def resolve_start(self, tps: list[TP], starting: str, gap_policy: str,
                       commit: Callable[[Mapping[TP, int]], None]) -> dict[TP, int]:
         """Where each partition starts: its committed offset, else `starting`; checks the log's bounds.
 
+        `starting` applies only to the group's first start, while it has no committed offset at
+        all. Once it has one, a partition without a commit was created (or first matched) later and
+        starts at its earliest offset. This is decided from Kafka, never from the process's memory:
+        a topic found while running whose uploads have not succeeded yet must not be taken for one
+        present at the first start by the next process (a restart, a rolling update, another
+        replica) and skipped to its end.
         A `latest` position is committed as soon as it is resolved: otherwise the next query (a
         replay, a restart) would resolve it again to a newer end and skip what arrived meanwhile.
         A committed offset outside [earliest, end] is a gap: `fail` raises `OffsetGapError` and
@@ -83,7 +89,14 @@ class KafkaOffsets:
         # The group may assign partitions newer than this client's cached metadata, and offset
         # lookups for those fail (unknown partition) until it is refreshed.
         self._admin.list_topics(timeout=_TIMEOUT_S)
-        committed = self.committed(tps)
+        everything_committed = self.committed(None)
+        committed = {tp: everything_committed[tp] for tp in tps if tp in everything_committed}
+        new = [f"{t}:{p}" for t, p in tps if (t, p) not in committed]
+        if everything_committed and starting != "earliest" and new:
+            log.info("%s: no committed offset, but the group %s has committed before, so they were created or "
+                     "matched after its first start: starting them at their earliest offset, not at "
+                     "SINK_STARTING_OFFSETS=%s", ", ".join(new), self._group_id, starting)
+            starting = "earliest"
         low = self.earliest(tps)
         high = self.latest(tps)
         start: dict[TP, int] = {}

@@ -177,6 +177,44 @@ def test_partition_added_under_latest_starts_at_earliest(bootstrap, ems, unique,
     assert_table_exact(ems, topic, new)  # the added partition from offset 0; partition 0 from 500
 
 
+def test_topic_found_under_latest_survives_kill_minus_nine_before_its_first_commit(
+        bootstrap, ems, unique, service_env, services):
+    """A topic found while running starts at its earliest offset, and so it does after a crash.
+
+    Its uploads fail, so nothing of it is committed when the process dies; the next process must not
+    take the uncommitted partitions for ones present at the group's first start and resolve them to
+    `latest` (1,000 of 1,000 records were lost that way).
+    """
+    stem, group = unique("found-latest"), unique("group")
+    first, second = f"{stem}-a", f"{stem}-b"
+    create_topics(bootstrap, {first: 1})
+    produce_orders(bootstrap, first, keys=200, updates=1, workload=Workload(), key_prefix="old")
+    env = _pattern_env(service_env, stem, group, SINK_STARTING_OFFSETS="latest",
+                       SINK_UPLOAD_RETRY_BUDGET_MS=1000, SINK_RESTART_BACKOFF_MAX_MS=2000)
+    service = services(env)
+    _wait_ready(service, env)
+    assert committed_offsets(bootstrap, group, first, 1) == {0: 200}
+
+    found = Workload()
+    ems.inject_fault(503)
+    try:
+        create_topics(bootstrap, {second: 2})
+        produce_orders(bootstrap, second, keys=500, updates=2, workload=found, key_prefix="found")
+        wait_until(lambda: re.search(rf"starting query at .*{second}:0", service.output()) is not None, 60,
+                   f"{second} to be found", process=service)
+        wait_until(lambda: "micro-batch failed" in service.output(), 60, "an upload of it to fail",
+                   process=service)
+        assert committed_offsets(bootstrap, group, second, 2) in ({}, {0: 0, 1: 0})
+        service.kill9()
+    finally:
+        ems.clear_faults()
+
+    service = services(env)
+    _wait_all_committed(bootstrap, group, second, 2, service)
+    assert service.terminate() == 0
+    assert_table_exact(ems, second, found)  # all 1,000 records of the topic found while running
+
+
 # --- a log end that moves below the service's position ----------------------------------------------
 # noida-db keeps a group's committed offsets when a topic is deleted, so recreating the topic leaves
 # the position beyond the new log end: what unclean leader election looks like to the service.
