@@ -34,7 +34,9 @@ def standalone_cluster(workers: int = 2, cores_per_worker: int = 1, memory: str 
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(work),
            "SPARK_WORKER_DIR": str(work / "work"), "PYSPARK_PYTHON": sys.executable}
     if auth_secret:
-        env["SPARK_DAEMON_JAVA_OPTS"] = f"-Dspark.authenticate=true -Dspark.authenticate.secret={auth_secret}"
+        # Through the environment, as Spark's daemons read it: on their command line `ps` would show it.
+        env["SPARK_DAEMON_JAVA_OPTS"] = "-Dspark.authenticate=true"
+        env["_SPARK_AUTH_SECRET"] = auth_secret
     port, ui_port = free_port(), free_port()
     master_url = f"spark://127.0.0.1:{port}"
     processes: list[subprocess.Popen] = []

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from py4j.protocol import Py4JError
+from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
 from sink_service import java_home, spark_home
@@ -56,46 +57,59 @@ def start_spark(config: SinkConfig, extra_java_options: Sequence[str] = ()) -> S
     # DRIVER_HEAP: 413 -> 336 MB of JVM RSS on a 1M drain, and no run above the documented bound.
     driver_options = [*jvm_options, "-Xms64m", f"-Djava.io.tmpdir={temp}",
                       *spark_home.activate(config.spark_class_archive), *extra_java_options]
-    builder = (
-        SparkSession.builder.master(config.spark_master)
-        .appName("kafka-parquet-sink")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.adaptive.enabled", "false")  # not used by streaming; avoids a warning per query
-        .config("spark.python.worker.reuse", "true")
+    settings = {
+        "spark.master": config.spark_master,
+        "spark.app.name": "kafka-parquet-sink",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.sql.adaptive.enabled": "false",  # not used by streaming; avoids a warning per query
+        "spark.python.worker.reuse": "true",
         # The plans carry one outcome row per range: generating and compiling Java code for them
         # cost the first micro-batch ~0.5 s of JVM time (Janino, five classes) and saved nothing.
-        .config("spark.sql.codegen.wholeStage", "false")
-        .config("spark.sql.codegen.factoryMode", "NO_CODEGEN")
-        .config("spark.sql.streaming.stopActiveRunOnRestart", "true")
+        "spark.sql.codegen.wholeStage": "false",
+        "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+        "spark.sql.streaming.stopActiveRunOnRestart": "true",
         # The checkpoint is scratch. Spark's default manager renames through Hadoop's FileContext,
         # which forks `readlink` for every file it writes (JVM CPU 8.2 -> 7.5 s in 65 s at 20k/s).
-        .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
+        "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
         # Nor does it need checksums: Hadoop's default local file system writes a .crc file beside
         # each checkpoint file, and without Hadoop's native library forks `chmod` for both.
-        .config("spark.hadoop.fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem")
-        .config("spark.driver.memory", DRIVER_HEAP)
-        .config("spark.driver.extraJavaOptions", " ".join(driver_options))
-        .config("spark.executor.extraJavaOptions", " ".join(jvm_options))
-        .config("spark.local.dir", str(Path(config.scratch_dir) / "spark-local"))
-    )
+        "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+        "spark.driver.memory": DRIVER_HEAP,
+        "spark.driver.extraJavaOptions": " ".join(driver_options),
+        "spark.executor.extraJavaOptions": " ".join(jvm_options),
+        "spark.local.dir": str(Path(config.scratch_dir) / "spark-local"),
+    }
     if not config.spark_master.startswith("local"):
         # Task specs carry upload credentials to executors: authenticate and encrypt Spark's RPC.
-        builder = (builder.config("spark.authenticate", "true")
-                   .config("spark.network.crypto.enabled", "true"))
-        if config.spark_auth_secret:
-            builder = builder.config("spark.authenticate.secret", config.spark_auth_secret)
+        settings.update({"spark.authenticate": "true", "spark.network.crypto.enabled": "true"})
     # The JVM inherits the ignored SIGTERM and keeps ignoring it, so a SIGTERM sent to the whole
     # process group cannot kill it before the service has drained and committed.
     with sigterm_ignored_by_children():
-        spark = builder.getOrCreate()
+        spark = _session(settings, config.spark_auth_secret)
     spark.sparkContext.setLogLevel(config.spark_log_level)
     _skip_static_source_lookup(spark)
     from sink_service.kafka_source.datasource import KafkaRangeDataSource
 
     spark.dataSource.register(KafkaRangeDataSource)
     return spark
+
+
+def _session(settings: dict[str, str], auth_secret: str | None) -> SparkSession:
+    """The session; the RPC secret is handed to the running JVM, never put on a command line.
+
+    PySpark starts the JVM through spark-submit with every setting as a `--conf k=v` argument, so
+    a secret among them would show in `ps` for the shell, the launcher and the JVM: readable by any
+    local user and every monitoring agent. The JVM is therefore launched first without it; the
+    session's configuration is then built in that JVM over py4j, where the secret is added.
+    (Spark's standalone driver only takes the secret from `spark.authenticate.secret`; its workers
+    hand it to executors through their environment.) Spark redacts it wherever it prints settings.
+    """
+    if auth_secret:
+        SparkContext._ensure_initialized(conf=SparkConf(loadDefaults=False).setAll(settings.items()))
+        settings = {**settings, "spark.authenticate.secret": auth_secret}
+    return SparkSession.builder.config(map=settings).getOrCreate()
 
 
 def _skip_static_source_lookup(spark: SparkSession) -> None:

@@ -102,3 +102,14 @@ def descendant_commands(pid: int) -> list[str]:
         except psutil.Error:  # ended meanwhile, or a zombie (the JVM's short-lived helpers)
             continue
     return commands
+
+
+def all_commands() -> list[str]:
+    """The command line of every process on the machine, as `ps` shows them to any local user."""
+    commands = []
+    for process in psutil.process_iter():
+        try:
+            commands.append(" ".join(process.cmdline()))
+        except psutil.Error:
+            continue
+    return commands

@@ -12,7 +12,14 @@ import pytest
 from devkit.kafka_data import Workload, committed_offsets, create_topics, end_offsets, produce_orders
 from devkit.service_process import wait_until
 from devkit.spark_cluster import standalone_cluster
-from tests.e2e.checks import all_committed, assert_ranges_cover, assert_table_exact, descendant_commands, table_matches
+from tests.e2e.checks import (
+    all_commands,
+    all_committed,
+    assert_ranges_cover,
+    assert_table_exact,
+    descendant_commands,
+    table_matches,
+)
 from tests.e2e.conftest import AUTHORIZATION, POLL_INTERVAL_S
 
 pytestmark = pytest.mark.e2e
@@ -41,6 +48,11 @@ def _deliver_two_topics(bootstrap, ems, unique, service_env, services, **overrid
     workers = descendant_commands(service.pid)
     assert any("create_data_source" in cmdline for cmdline in workers), workers  # the driver's planners are seen
     assert not [cmdline for cmdline in workers if "lookup_data_sources" in cmdline], workers
+    # What `ps` shows any local user and every monitoring agent: no secret on any command line of
+    # this machine (the driver's spark-submit, launcher and JVM, the cluster's daemons and executors).
+    secrets = [str(value) for name, value in overrides.items() if "SECRET" in name]
+    exposed = [cmdline for cmdline in all_commands() if any(secret in cmdline for secret in secrets)]
+    assert not exposed, exposed
     assert service.terminate() == 0
     output = service.output()
     assert AUTHORIZATION not in output and AUTHORIZATION.split()[1] not in output
