@@ -87,9 +87,12 @@ class SinkConfig:
         "record. Lag is visible to standard Kafka tooling under this name.", "kafka-parquet-sink",
         group="Kafka")
     starting_offsets: str = setting(
-        "SINK_STARTING_OFFSETS", "Where to start partitions that have no committed offset when the "
-        "service starts. A `latest` position is committed at once, so replays and restarts keep it. "
-        "Partitions and topics found while running always start at their earliest offset.",
+        "SINK_STARTING_OFFSETS", "Where partitions without a committed offset start at the consumer "
+        "group's first start, while the group has committed nothing yet. A `latest` position is "
+        "committed at once, so replays and restarts keep it. Once the group has committed, every "
+        "partition without a commit (a topic or partition created or matched later, found while "
+        "running or while the service was down) starts at its earliest offset, whichever process "
+        "finds it.",
         "earliest", choices=("earliest", "latest"), group="Kafka")
     retention_gap_policy: str = setting(
         "SINK_RETENTION_GAP_POLICY",
@@ -362,8 +365,10 @@ class SinkConfig:
         "(`spark.authenticate`, `spark.network.crypto.enabled`), which the service turns on whenever "
         "`SINK_SPARK_MASTER` is not `local`: task specs carry the upload credentials to executors. "
         "Required with a standalone master (`spark://`), whose master and workers must run with the "
-        "same secret (`SPARK_MASTER_OPTS`/`SPARK_WORKER_OPTS=-Dspark.authenticate=true "
-        "-Dspark.authenticate.secret=...`); YARN and Kubernetes generate one when it is unset.",
+        "same secret (`SPARK_DAEMON_JAVA_OPTS=-Dspark.authenticate=true` and the secret in their "
+        "`_SPARK_AUTH_SECRET` environment variable, never on a command line); YARN and Kubernetes "
+        "generate one when it is unset. The service hands it to its JVM over py4j, so no process "
+        "shows it in `ps`.",
         secret=True, group="Runtime")
     http_port: int = setting(
         "SINK_HTTP_PORT", "Port of `/healthz` and `/readyz`; 0 disables the HTTP server.", 8080,
