@@ -52,6 +52,13 @@ def main() -> int:
         print(f"sink-service: {exc}", file=sys.stderr)
         print("See the configuration reference in README.md.", file=sys.stderr)
         return 2
+    from sink_service.java_home import JavaNotFound, require_java
+
+    try:
+        require_java()
+    except JavaNotFound as exc:
+        print(f"sink-service: {exc}", file=sys.stderr)
+        return 2
     configure(config.log_level, _secrets(config), json_format=config.log_format == "json")
     versions = _versions()
     log.info("starting kafka-parquet-sink %s", versions, extra={"fields": {"event": "start", **versions}})

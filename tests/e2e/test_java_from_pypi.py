@@ -48,3 +48,22 @@ def test_the_demo_runs_with_no_java_but_the_one_from_pypi(tmp_path: Path):
     assert "table `orders` holds 300 rows" in result.stdout
     ran = no_java / "ran"
     assert not ran.exists(), f"a java from PATH was started: {ran.read_text()}"
+
+
+def test_a_machine_without_any_java_gets_one_line_naming_the_three_ways_to_get_one(tmp_path: Path):
+    """A plain `pip install` (no `java` extra), no JAVA_HOME and no `java` on PATH: exit 2 at once."""
+    path = tmp_path / "bin"
+    path.mkdir()
+    for tool in ("sh", "env", "dirname", "uname", "ps"):  # what Spark's scripts would use, but no java
+        os.symlink(f"/bin/{tool}", path / tool)
+    env = {k: v for k, v in os.environ.items() if k not in ("JAVA_HOME", "PYTHONPATH") and not k.startswith("SINK_")}
+    env.update(PATH=str(path), SINK_EMS_ENDPOINT="http://127.0.0.1:9/items", SINK_EMS_AUTHORIZATION="AppKey x",
+               SINK_TOPICS="orders", SINK_HTTP_PORT="0", SINK_SCRATCH_DIR=str(tmp_path / "scratch"),
+               SINK_KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:9", SINK_EMS_TARGET_TABLE="{topic}")
+    result = subprocess.run([sys.executable, "-m", "sink_service"], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "JAVA_GATEWAY_EXITED" not in result.stderr, result.stderr
+    [line] = [line for line in result.stderr.splitlines() if "Java" in line]
+    for way in ("pip install 'kafka-parquet-upsert-sink[java]'", "JAVA_HOME", "openjdk-17-jre-headless"):
+        assert way in line, line

@@ -164,3 +164,13 @@ def _locked(package: str) -> str:
         if name.lower() == package:
             return version
     raise AssertionError(f"{package} is not in requirements.lock")
+
+
+def test_a_java_home_without_java_is_named_before_spark_starts(environ, tmp_path: Path):
+    os.environ["JAVA_HOME"] = str(tmp_path / "no-jdk")
+    with pytest.raises(java_home.JavaNotFound, match="JAVA_HOME=.*no-jdk holds no executable bin/java"):
+        java_home.require_java(share=tmp_path / "share")
+
+
+def test_java_on_path_is_what_is_required(environ, tmp_path: Path):
+    assert java_home.require_java(share=tmp_path / "share") == str(tmp_path / "path" / "java")
