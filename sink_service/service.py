@@ -142,6 +142,9 @@ class SinkService:
     def _supervise(self, pipeline: Pipeline) -> int:
         backoff_s = 1.0
         while not self._stop_requested.is_set():
+            if pipeline.membership.failure is not None:  # it gave up its partitions: the query stopped
+                log.error("stopping: %s", pipeline.membership.failure)
+                return EXIT_FATAL
             try:
                 query = pipeline.start_query()
             except OffsetGapError as exc:
@@ -150,6 +153,8 @@ class SinkService:
             except KafkaException as exc:
                 if self._stop_requested.is_set():
                     break  # stopped while waiting for the broker or the group: nothing was read
+                if pipeline.membership.failure is not None:
+                    continue  # not the broker: reported at the top of the loop
                 self.health.update(broker_ok=False, reason=f"broker unreachable: {exc}")
                 log.error("cannot reach Kafka: %s; retrying in %.0fs", exc, backoff_s)
                 backoff_s = self._backoff(backoff_s)
@@ -167,7 +172,9 @@ class SinkService:
             if self._stop_requested.is_set():
                 return self._drain(pipeline, query)
             if pipeline.assignment_changed():
-                query.stop()  # no batch of the old assignment is running: the rebalance waited for it
+                # A revoke waited for the batch of the old assignment; a lost assignment did not, and
+                # stopping cancels its tasks (Spark cancels the query's job group) so they stop uploading.
+                query.stop()
                 log.info("the group's assignment changed; restarting the query on it")
                 continue
             if pipeline.fatal_error is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 
@@ -66,4 +67,37 @@ def test_a_fenced_member_rejoins_with_a_new_consumer(bootstrap):
         assert again[0] == {(topic, 0), (topic, 1)}
         member.commit({(topic, 0): 0, (topic, 1): 0}, again[1])  # the new client's commits are accepted
     finally:
+        member.close()
+
+
+def test_a_session_that_expires_gives_up_the_assignment_without_waiting_for_the_batch(own_broker):
+    # The broker stops answering for longer than the session timeout: the group hands the partitions
+    # to another member. The batch in flight (never idle here) must not be waited for: its uploads
+    # would overlap the new owner's. The service restarts its query when the epoch moves.
+    topic = f"lost-{uuid.uuid4().hex[:8]}"
+    create_topics(own_broker.bootstrap, {topic: 2})
+    member = GroupMembership({"bootstrap.servers": own_broker.bootstrap, "session.timeout.ms": 6000,
+                              "heartbeat.interval.ms": 1000}, f"group-{topic}", [topic], 30_000,
+                             lambda: False, 120, f"instance-{topic}")
+    member.start()
+    pause = None
+    try:
+        settled = member.wait_assignment(30)
+        assert settled is not None and settled[0] == {(topic, 0), (topic, 1)}
+        epoch = settled[1]
+        pause = threading.Thread(target=own_broker.pause_for, args=(15,), daemon=True)
+        paused_at = time.monotonic()
+        pause.start()
+        while member.epoch == epoch and time.monotonic() - paused_at < 14:
+            time.sleep(0.1)
+        lost_after_s = time.monotonic() - paused_at
+        assert member.epoch != epoch, "the lost assignment still waits for the batch in flight"
+        assert member.assigned is None and not member.owns(epoch)
+        assert lost_after_s < 12, f"the assignment was given up {lost_after_s:.1f}s after the broker stopped"
+        pause.join()
+        again = member.wait_assignment(60)
+        assert again is not None and again[1] > epoch, "the member did not rejoin after the broker came back"
+    finally:
+        if pause is not None:
+            pause.join()
         member.close()

@@ -8,6 +8,12 @@ member, so the broker refuses them from a member that no longer holds the group'
 Every call on the consumer runs on one thread: confluent-kafka's synchronous commit from another
 thread hangs while that thread is inside poll() (seen with noida-db). The batch thread hands its
 commit over and waits for the answer.
+
+A revoke (a rebalance) waits for the batch in flight, which then commits. A lost assignment (the
+session expired, or the member was fenced) does not: the broker has already given the partitions to
+another member, so ownership ends at once and the service stops the query, whose tasks stop
+uploading. The member thread's end by an error is fatal for the service (`failure`): without it no
+commit can be answered.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -38,6 +44,16 @@ DEFAULT_SESSION_TIMEOUT_MS = "10000"  # a killed instance's partitions move afte
 
 class CommitRefused(Exception):
     """The partitions are no longer this member's: they moved, or are moving, to another one."""
+
+
+@dataclass(frozen=True)
+class _State:
+    """What the member holds, replaced whole so that a reader on another thread sees one moment:
+    never a new epoch with an old `revoking`, nor an assignment with another assignment's epoch."""
+
+    epoch: int = 0  # counts the changes
+    assigned: frozenset[TP] | None = None  # None while a rebalance is in progress
+    revoking: bool = False  # a revoke waits for the batch in flight: no new batch starts
 
 
 @dataclass
@@ -61,13 +77,14 @@ class GroupMembership:
                  instance_id: str, on_change: Callable[[frozenset[TP] | None], None] = lambda _assigned: None):
         config = {
             "session.timeout.ms": DEFAULT_SESSION_TIMEOUT_MS,
-            # Static membership: an instance restarted after kill -9 takes its place back at once.
-            # noida-db never drops a dead dynamic member, so without it the group would stay stuck.
-            "group.instance.id": instance_id,
+            **client_config,  # SINK_KAFKA_* cannot override what follows: the config refuses those names
             # Eager: a rebalance revokes everything and the query restarts from the new assignment,
             # which it does for any change anyway; it behaves the same on every broker tried.
             "partition.assignment.strategy": "roundrobin",
-            **client_config,
+            "group.protocol": "classic",
+            # Static membership: an instance restarted after kill -9 takes its place back at once.
+            # noida-db never drops a dead dynamic member, so without it the group would stay stuck.
+            "group.instance.id": instance_id,
             "group.id": group_id,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
@@ -86,17 +103,29 @@ class GroupMembership:
         self._requests: queue.Queue[_CommitRequest] = queue.Queue()
         self._closing = threading.Event()
         self._assigned_event = threading.Event()
-        self.assigned: frozenset[TP] | None = None  # None while a rebalance is in progress
-        self.epoch = 0
-        self.revoking = False
+        self._state = _State()  # replaced whole, on the member thread only
+        self.failure: str | None = None  # why the member thread ended, if an error ended it: fatal
         self._thread = threading.Thread(target=self._run, name="group-member", daemon=True)
+
+    @property
+    def epoch(self) -> int:
+        return self._state.epoch
+
+    @property
+    def assigned(self) -> frozenset[TP] | None:
+        return self._state.assigned
+
+    @property
+    def revoking(self) -> bool:
+        return self._state.revoking
 
     def start(self) -> None:
         self._subscribe()
         self._thread.start()
 
     def _subscribe(self) -> None:
-        self._consumer.subscribe(self._subscription, on_assign=self._assign, on_revoke=self._revoke)
+        self._consumer.subscribe(self._subscription, on_assign=self._assign, on_revoke=self._revoke,
+                                 on_lost=self._lose)
 
     def close(self) -> None:
         """Stop being a member; the last thing the service does with Kafka."""
@@ -108,16 +137,18 @@ class GroupMembership:
         """The settled assignment and its epoch; None if the group gave none within the timeout or
         `stop` was set meanwhile (a SIGTERM while the broker is unreachable must not wait it out)."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not self._closing.is_set() and not (stop and stop.is_set()):
-            assigned, epoch = self.assigned, self.epoch
-            if assigned is not None and not self.revoking:
-                return assigned, epoch
+        while (time.monotonic() < deadline and not self._closing.is_set() and self.failure is None
+               and not (stop and stop.is_set())):
+            state = self._state
+            if state.assigned is not None and not state.revoking:
+                return state.assigned, state.epoch
             self._assigned_event.wait(0.1)
         return None
 
     def owns(self, epoch: int) -> bool:
         """True while the assignment planned at `epoch` is still this member's."""
-        return epoch == self.epoch and not self.revoking
+        state = self._state  # one read: see _State
+        return epoch == state.epoch and not state.revoking
 
     def commit(self, offsets: Mapping[TP, int], epoch: int) -> None:
         """Commit through the member; raises CommitRefused if the partitions are no longer ours."""
@@ -125,13 +156,33 @@ class GroupMembership:
             return
         request = _CommitRequest(dict(offsets), epoch)
         self._requests.put(request)
-        if not request.done.wait(ANSWER_S):
-            raise CommitRefused(f"no answer to the commit within {ANSWER_S:.0f}s")
+        deadline = time.monotonic() + ANSWER_S
+        while not request.done.wait(POLL_S):
+            if self.failure is not None:  # nobody is left to answer
+                raise CommitRefused(self.failure)
+            if time.monotonic() > deadline:
+                raise CommitRefused(f"no answer to the commit within {ANSWER_S:.0f}s")
         if request.error is not None:
             raise request.error
 
     # --- the member thread ---------------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._member_loop()
+        except BaseException as exc:  # any end but close() leaves the service without commits
+            self._die(exc)
+
+    def _die(self, exc: BaseException) -> None:
+        """The member thread ends by an error: nothing polls, commits, or follows a rebalance any
+        more. Give up the assignment and say why; the service stops on `failure`."""
+        self.failure = (f"the consumer group member of {self._group_id} stopped: {type(exc).__name__}: {exc}; "
+                        "no commit can be made without it")
+        log.error("%s", self.failure, exc_info=exc)
+        self._state = _State(self._state.epoch + 1)
+        self._on_change(None)
+        self._serve_commits()  # each answered with the failure
+
+    def _member_loop(self) -> None:
         while not self._closing.is_set():
             self._serve_commits()
             message = self._consumer.poll(POLL_S)  # never a record: every assigned partition is paused
@@ -149,8 +200,9 @@ class GroupMembership:
     def _on_fatal(self) -> None:
         if self.gave_up:
             return
-        if self.assigned is not None:  # librdkafka does not always revoke before a fatal error
-            self._revoke(self._consumer, [TopicPartition(t, p) for t, p in sorted(self.assigned)])
+        assigned = self.assigned
+        if assigned is not None:  # librdkafka does not always revoke before a fatal error
+            self._lose(self._consumer, [TopicPartition(t, p) for t, p in sorted(assigned)])
         now = time.monotonic()
         self._fatal_at = [t for t in self._fatal_at if now - t < FENCED_WINDOW_S] + [now]
         if len(self._fatal_at) < FENCED_LIMIT:
@@ -188,15 +240,18 @@ class GroupMembership:
             except queue.Empty:
                 return
             try:
+                if self.failure is not None:
+                    raise CommitRefused(self.failure)
                 self._commit(request)
             except Exception as exc:  # handed to the batch thread, which decides
                 request.error = exc
             request.done.set()
 
     def _commit(self, request: _CommitRequest) -> None:
-        assigned = self.assigned or frozenset()
+        state = self._state
+        assigned = state.assigned or frozenset()
         stray = sorted(tp for tp in request.offsets if tp not in assigned)
-        if request.epoch != self.epoch or stray:
+        if request.epoch != state.epoch or stray:
             # The broker checks the generation, not who owns a partition: check both here.
             raise CommitRefused(f"the assignment changed since this batch was planned (not ours: {stray})")
         try:
@@ -212,16 +267,16 @@ class GroupMembership:
     def _assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         consumer.assign(partitions)
         consumer.pause(partitions)  # the executors read; this member only holds the partitions
-        self.epoch += 1  # before the assignment: a reader of both never pairs the new one with an old epoch
-        self.assigned = frozenset((tp.topic, tp.partition) for tp in partitions)
-        log.info("group assignment: %d partition(s) %s", len(self.assigned),
-                 ", ".join(f"{t}:{p}" for t, p in sorted(self.assigned)) or "none (standby: idle and ready)")
-        self._on_change(self.assigned)
+        assigned = frozenset((tp.topic, tp.partition) for tp in partitions)
+        self._state = _State(self._state.epoch + 1, assigned)
+        log.info("group assignment: %d partition(s) %s", len(assigned),
+                 ", ".join(f"{t}:{p}" for t, p in sorted(assigned)) or "none (standby: idle and ready)")
+        self._on_change(assigned)
         self._assigned_event.set()
 
     def _revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Let the batch in flight finish and commit before the partitions go to another member."""
-        self.revoking = True  # no new batch starts on the old assignment
+        self._state = replace(self._state, revoking=True)  # no new batch starts on the old assignment
         deadline = time.monotonic() + self._revoke_wait_s
         while not self._batch_idle() and time.monotonic() < deadline:
             self._serve_commits()
@@ -231,8 +286,22 @@ class GroupMembership:
             log.warning("rebalance: the batch in flight did not finish within %.0fs; its ranges will be "
                         "replayed by the partitions' next owner", self._revoke_wait_s)
         self._assigned_event.clear()
-        self.assigned = None
-        self.epoch += 1
-        self.revoking = False
+        self._state = _State(self._state.epoch + 1)
         log.info("group rebalance: %d partition(s) revoked", len(partitions))
+        self._on_change(None)
+
+    def _lose(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """The session expired or this member was fenced: the partitions are already another member's.
+
+        Unlike a revoke, this does not wait for the batch in flight: its tasks would go on uploading
+        beside the new owner's, and on an endpoint that applies files in arrival order an older file
+        could land after a newer one. The new epoch makes the service stop the query (which cancels
+        its tasks) and refuses the batch's commit; the new owner replays its ranges.
+        """
+        self._assigned_event.clear()
+        self._state = _State(self._state.epoch + 1)
+        log.warning("consumer group %s: assignment lost (session expired or member fenced): %d partition(s) "
+                    "%s belong to another member now; the batch in flight is stopped, not waited for, and its "
+                    "ranges are replayed by their owner", self._group_id, len(partitions),
+                    ", ".join(f"{tp.topic}:{tp.partition}" for tp in partitions) or "-")
         self._on_change(None)

@@ -7,11 +7,20 @@ import threading
 import time
 
 import pytest
+from confluent_kafka import Consumer
 
 from devkit.brokers import free_port
 from devkit.kafka_data import Workload, committed_offsets, create_topics, end_offsets, produce_orders
 from devkit.service_process import ServiceProcess, wait_until
-from tests.e2e.checks import all_committed, assert_ranges_cover, assert_table_exact, scrape_metrics, table_matches
+from sink_service.kafka_source.membership import instance_id
+from tests.e2e.checks import (
+    all_committed,
+    assert_ranges_cover,
+    assert_table_exact,
+    scrape_metrics,
+    table_matches,
+    uploaded_ranges,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -163,3 +172,135 @@ def test_sigterm_while_the_broker_is_unreachable_at_start_stops_at_once(unique, 
     assert service.terminate(timeout_s=30) == 0, service.output()[-3000:]
     assert time.monotonic() - started < 15, f"the stop took {time.monotonic() - started:.1f}s"
     assert "cannot reach Kafka" not in service.output().split("stop requested")[-1]
+
+
+LOST_FILES = 40  # the batch in flight when its partition is lost: 40 files of 100 records
+LOST_UPLOAD_DELAY_MS = 1000  # each upload takes a second: the batch runs for ~40 s
+# From the broker giving the partition away to the old owner's last upload: the member hears of it at
+# its next heartbeat (3 s), the query stops within 0.5 s, and Spark kills a Python task that does not
+# end by itself within ~4 s of its cancel (spark.python.task.killTimeout after a 2 s check).
+LOST_STOP_S = 10
+
+
+def _log_time(line: str) -> float:
+    """Wall-clock time of a service log line (`2026-01-02 03:04:05,678 ...`, local time)."""
+    stamp, millis = line[:23].split(",")
+    return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
+
+
+def test_a_lost_assignment_stops_the_uploads_of_the_batch_in_flight(bootstrap, ems, unique, service_env, services,
+                                                                     tmp_path):
+    # Another client joins under this instance's group.instance.id, as a restarted twin would: the
+    # broker fences the running member and gives the partition away at once. The batch in flight
+    # must stop uploading then, not finish its files alongside the partition's new owner.
+    topic, group = unique("lost"), unique("group")
+    create_topics(bootstrap, {topic: 1})
+    workload = Workload()
+    produce_orders(bootstrap, topic, keys=LOST_FILES * 100, updates=1, workload=workload, partition=0)
+    env = service_env(topic, group, SINK_FLUSH_RECORDS=100, SINK_MAX_FILES_PER_BATCH=LOST_FILES,
+                      SINK_SCRATCH_DIR=str(tmp_path / "a"))
+
+    def uploads() -> list[tuple[int, float]]:
+        """(first offset, arrival time) of each file, in arrival order."""
+        spans = uploaded_ranges(ems, topic).get(0, [])
+        return [(first, u["received_at"]) for (first, _last), u in zip(spans, ems.uploads(topic), strict=True)]
+
+    def committed() -> int:
+        return committed_offsets(bootstrap, group, topic, 1).get(0, 0)
+
+    ems.inject_fault(delay_ms=LOST_UPLOAD_DELAY_MS)
+    try:
+        service = services(env)
+        # Two files of a batch not committed yet: the batch in flight is uploading.
+        wait_until(lambda: len([f for f, _at in uploads() if f >= committed()]) >= 2, 180,
+                   "a batch uploading", process=service)
+        lost_from = committed()
+        scratch = re.search(r"scratch area (\S+)", service.output())[1]
+        intruder = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                             "group.instance.id": instance_id(scratch), "session.timeout.ms": 10_000,
+                             "enable.auto.commit": False})
+        intruder.subscribe([topic])
+        deadline = time.monotonic() + 30
+        while not intruder.assignment() and time.monotonic() < deadline:
+            intruder.poll(0.1)
+        assert intruder.assignment(), "the client under the same instance id got no partition"
+        given_away_at = time.time()
+        intruder.close()  # the fenced instance rejoins and takes the partition back
+        wait_until(lambda: service.output().count("starting query at") >= 2, 120,
+                   "the query restarted on the partition", process=service)
+        time.sleep(LOST_STOP_S)  # stragglers of the lost batch, if any, arrive meanwhile
+        ems.clear_faults()
+        wait_until(lambda: all_committed(bootstrap, group, topic, 1) and table_matches(ems, topic, workload), 120,
+                   "delivery after the partition came back", process=service)
+        assert service.terminate() == 0
+    finally:
+        ems.clear_faults()
+    restart = [line for line in service.output().splitlines() if "starting query at" in line][1]
+    restarted_at, restart_from = _log_time(restart), int(re.search(r": (\d+)\}", restart)[1])
+    assert restart_from == lost_from, "the lost batch committed: it was not lost"
+    # Files that arrive after the restart are the new query's: from `restart_from` up, one after the
+    # other. Any other file that arrives after the partition was given away is the lost batch's.
+    lost_batch, expected = [], restart_from
+    for first, at in uploads():
+        if at > restarted_at and first == expected:
+            expected = first + 100
+        elif at > given_away_at:
+            lost_batch.append((first, at))
+    overlap_s = max((at for _first, at in lost_batch), default=given_away_at) - given_away_at
+    restart_s = restarted_at - given_away_at
+    print(f"lost assignment: {len(lost_batch)} file(s) of the lost batch arrived after the partition was given "
+          f"away, the last {overlap_s:.1f}s after; the query restarted {restart_s:.1f}s after")
+    assert overlap_s < LOST_STOP_S, (f"the lost batch kept uploading {overlap_s:.1f}s after its partition was "
+                                     f"given away ({len(lost_batch)} files: {lost_batch})")
+    assert restart_s < LOST_STOP_S
+    assert_table_exact(ems, topic, workload)
+    assert_ranges_cover(ems, topic, {0: LOST_FILES * 100}, allow_replays=True)
+
+
+# Put on the service's PYTHONPATH: the group member's thread fails right after it served its first
+# commit, as it did when a SINK_KAFKA_* override (cooperative-sticky) made its assign raise.
+_KILL_MEMBER_THREAD = """
+import os
+import sys
+
+sys.path.insert(0, os.getcwd())  # the checkout the service runs from (`-m` adds it only after this file)
+try:
+    from sink_service.kafka_source.membership import GroupMembership
+except ImportError:  # a process without the project on its path
+    GroupMembership = None
+
+if GroupMembership is not None:
+    _serve, _commit = GroupMembership._serve_commits, GroupMembership._commit
+
+    def _commit_once(self, request):
+        _commit(self, request)
+        self.injected_commit_done = True
+
+    def _serve_then_fail(self):
+        _serve(self)
+        if getattr(self, "injected_commit_done", False):
+            raise RuntimeError("injected: the group member's thread failed")
+
+    GroupMembership._commit, GroupMembership._serve_commits = _commit_once, _serve_then_fail
+"""
+
+
+def test_a_group_member_thread_that_dies_stops_the_service_with_a_clear_error(
+        bootstrap, ems, unique, service_env, services, tmp_path):
+    # Without its member thread nothing answers a commit: the service used to run on, every commit
+    # timing out after 30 s and every batch replayed, forever, with no error but the thread's traceback.
+    topic, group = unique("member-dies"), unique("group")
+    create_topics(bootstrap, {topic: 1})
+    produce_orders(bootstrap, topic, keys=500, updates=1, workload=Workload())
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(_KILL_MEMBER_THREAD)
+    service = services({**service_env(topic, group), "PYTHONPATH": str(inject)})
+    started = time.monotonic()
+    assert service.wait(180) == 3, service.output()[-3000:]
+    output = service.output()
+    assert "injected: the group member's thread failed" in output
+    stopping = [line for line in output.splitlines() if "ERROR sink_service: stopping:" in line]
+    assert stopping and "consumer group member" in stopping[-1] and "no commit can be made" in stopping[-1], \
+        output[-3000:]
+    print(f"member thread died: the service exited 3 after {time.monotonic() - started:.0f}s (Spark start included)")
