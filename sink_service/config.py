@@ -37,6 +37,22 @@ KAFKA_PASSTHROUGH_PREFIX = "SINK_KAFKA_"
 # developer's shell may export them while it also runs the service or `python -m uploader`.
 NON_SETTING_NAMES = frozenset({"SINK_TEST_BROKER", "SINK_TEST_BOOTSTRAP"})
 _SECRET_WORDS = ("PASSWORD", "SECRET", "TOKEN", "CREDENTIAL")
+# librdkafka settings the service sets itself, and why a SINK_KAFKA_* override is refused at startup
+# (e.g. cooperative-sticky made the group member's eager assign raise: no commit was answered again).
+RESERVED_KAFKA_OPTIONS = {
+    "bootstrap.servers": "it comes from SINK_KAFKA_BOOTSTRAP_SERVERS",
+    "group.id": "it comes from SINK_GROUP_ID",
+    "enable.auto.commit": "offsets are committed only after their files were uploaded",
+    "enable.auto.offset.store": "offsets are committed only after their files were uploaded",
+    "partition.assignment.strategy": "the group member assigns eagerly (a rebalance revokes everything and "
+                                     "the query restarts on the new assignment); cooperative assignors are "
+                                     "not supported",
+    "group.protocol": "the group member uses the classic protocol, whose eager rebalances and static "
+                      "membership it depends on",
+    "group.instance.id": "each instance derives its own from its host name and SINK_SCRATCH_DIR; one id "
+                         "shared by two instances makes the broker fence them in turn",
+    "isolation.level": "reads are read_committed and offset ranges end at the last stable offset",
+}
 _SENSITIVE_KAFKA_OPTIONS = frozenset({
     "ssl.key.pem", "ssl.certificate.pem", "ssl.keystore.password", "ssl.key.password",
     "sasl.oauthbearer.config", "sasl.oauthbearer.client.secret", "sasl.password",
@@ -547,10 +563,10 @@ def _check_kafka(c: SinkConfig) -> list[str]:
             re.compile(c.topic_pattern)
         except re.error as exc:
             problems.append(f"SINK_TOPIC_PATTERN is not a valid regular expression: {exc}.")
-    for reserved in ("bootstrap.servers", "group.id", "enable.auto.commit"):
+    for reserved, why in RESERVED_KAFKA_OPTIONS.items():
         if reserved in c.kafka_options:
             env = KAFKA_PASSTHROUGH_PREFIX + reserved.upper().replace(".", "_")
-            problems.append(f"{env} cannot be passed through; the service sets `{reserved}` itself.")
+            problems.append(f"{env} cannot be passed through; the service sets `{reserved}` itself: {why}.")
     return problems
 
 
@@ -937,8 +953,9 @@ def reference_markdown() -> str:
         "`SINK_KAFKA_SASL_MECHANISM=SCRAM-SHA-512`, `SINK_KAFKA_SASL_USERNAME`, "
         "`SINK_KAFKA_SASL_PASSWORD`. librdkafka's sensitive properties (passwords, `ssl.key.pem`, "
         "`sasl.oauthbearer.config`, ...) and names containing PASSWORD, SECRET, TOKEN or CREDENTIAL "
-        "are secret and masked in logs. `bootstrap.servers`, `group.id` and `enable.auto.commit` are "
-        "set by the service.",
+        "are secret and masked in logs. The service sets "
+        + ", ".join(f"`{name}`" for name in RESERVED_KAFKA_OPTIONS)
+        + " itself: passing one through is a configuration error (exit 2) that says why.",
     ]
     return "\n".join(lines).lstrip("\n") + "\n"
 

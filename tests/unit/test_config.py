@@ -235,6 +235,34 @@ def test_reserved_pass_through_names_are_rejected(name, option):
     assert option in problems[0]
 
 
+@pytest.mark.parametrize("name, value, why", [
+    # With cooperative-sticky the member's eager assign raises on its thread: every commit then timed out.
+    ("SINK_KAFKA_PARTITION_ASSIGNMENT_STRATEGY", "cooperative-sticky", "revokes everything"),
+    ("SINK_KAFKA_GROUP_PROTOCOL", "consumer", "classic"),
+    ("SINK_KAFKA_GROUP_INSTANCE_ID", "shared-id", "fence"),
+    ("SINK_KAFKA_ENABLE_AUTO_OFFSET_STORE", "true", "uploaded"),
+    ("SINK_KAFKA_ISOLATION_LEVEL", "read_uncommitted", "read_committed"),
+])
+def test_pass_through_names_that_group_membership_depends_on_are_rejected_with_the_reason(name, value, why):
+    problems = problems_of(env(**{name: value}))
+    assert len(problems) == 1, problems
+    assert name in problems[0] and why in problems[0], problems[0]
+    assert value not in problems[0]  # values of pass-through options are never shown: they may be secret
+
+
+def test_every_membership_setting_passed_through_is_reported_at_once():
+    problems = problems_of(env(SINK_KAFKA_PARTITION_ASSIGNMENT_STRATEGY="range", SINK_KAFKA_GROUP_PROTOCOL="consumer",
+                               SINK_KAFKA_GROUP_INSTANCE_ID="x", SINK_FLUSH_RECORDS="many"))
+    assert len(problems) == 4, problems
+    assert {"SINK_KAFKA_PARTITION_ASSIGNMENT_STRATEGY", "SINK_KAFKA_GROUP_PROTOCOL", "SINK_KAFKA_GROUP_INSTANCE_ID",
+            "SINK_FLUSH_RECORDS"} == {p.split(" ", 1)[0].split("=", 1)[0] for p in problems}
+
+
+def test_membership_settings_that_stay_tunable_pass_through():
+    config = load_config(env(SINK_KAFKA_SESSION_TIMEOUT_MS="30000", SINK_KAFKA_HEARTBEAT_INTERVAL_MS="3000"))
+    assert config.kafka_options == {"session.timeout.ms": "30000", "heartbeat.interval.ms": "3000"}
+
+
 def test_value_schema_errors_are_reported_as_config_problems():
     problems = problems_of(env(SINK_VALUE_SCHEMA="id STRING, amount MONEY"))
     assert len(problems) == 1
