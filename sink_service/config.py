@@ -389,6 +389,15 @@ class SinkConfig:
     http_port: int = setting(
         "SINK_HTTP_PORT", "Port of `/healthz` and `/readyz`; 0 disables the HTTP server.", 8080,
         minimum=0, group="Runtime")
+    http_host: str = setting(
+        "SINK_HTTP_HOST", "Address the HTTP server binds to. `0.0.0.0` (every interface) lets "
+        "Kubernetes probes and a Prometheus scrape reach it; `127.0.0.1` keeps it on the host, or "
+        "name one interface's address (`::` for every IPv6 interface). Executors post their live "
+        "upload signals to it, authenticated by a per-start token in a header; a request without "
+        "the token, or with a missing, invalid or over-64 KiB length, is refused before its body "
+        "is read. On a cluster, bind an address the executors reach (with `127.0.0.1` their "
+        "signals are lost and retries are counted when tasks end).",
+        "0.0.0.0", group="Runtime")
     log_level: str = setting(
         "SINK_LOG_LEVEL", "Service log level.", "INFO",
         choices=("DEBUG", "INFO", "WARNING", "ERROR"), group="Runtime")

@@ -4,12 +4,17 @@
 streaming query runs, the broker answered recently, the last micro-batch did not fail and no
 upload in flight is retrying (live signals from executors, `upload_signals.py`); otherwise 503
 with the reason, so an orchestrator stops routing to (or alerts on) the pod. `/metrics` is the
-Prometheus exposition; executors POST their upload signals to the same server.
+Prometheus exposition; executors POST their upload signals to the same server, with a per-start
+token in a header. The port is open to whoever reaches `SINK_HTTP_HOST`: a POST's token and
+length are checked from its headers, so a stranger never makes the driver read (or wait for) a
+body, and a client that stops sending loses its thread after `request_timeout_s`.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -17,9 +22,23 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from sink_service.stop_signals import stop_signals_held
+from sink_service.upload_signals import TOKEN_HEADER
 
 MetricsRenderer = Callable[[], tuple[bytes, str]]  # -> (body, content type)
 SignalReceiver = Callable[[bytes], int]  # request body -> HTTP status
+
+# An upload signal is a few hundred bytes; nothing larger is ever read.
+MAX_SIGNAL_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class SignalEndpoint:
+    """Where executors POST their upload signals, the token they must send in `TOKEN_HEADER`
+    (checked before a byte of the body is read), and who gets the body."""
+
+    path: str
+    token: str
+    receive: SignalReceiver
 
 
 @dataclass
@@ -58,7 +77,7 @@ class Health:
 
 
 def _handler(health: Health, metrics: MetricsRenderer | None,
-             signals: tuple[str, SignalReceiver] | None) -> type[BaseHTTPRequestHandler]:
+             signals: SignalEndpoint | None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
             self.send_response(status)
@@ -79,15 +98,47 @@ def _handler(health: Health, metrics: MetricsRenderer | None,
             else:
                 self._send(404, b'{"error": "not found"}')
 
+        def _refuse(self, status: int, error: str) -> None:
+            # The body (if any) stays unread: the connection closes after this answer.
+            self.close_connection = True
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body := json.dumps({"error": error}).encode())))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+
         def do_POST(self) -> None:
-            if signals is None or self.path != signals[0]:
-                self._send(404, b'{"error": "not found"}')
+            # The port is reachable by anyone on the network: token and length are checked from
+            # the headers alone, so a stranger never gets the server to read, or wait for, a body.
+            if signals is None or self.path != signals.path:
+                self._refuse(404, "not found")
                 return
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > 64 * 1024:
-                self._send(413, b'{"error": "too large"}')
+            token = self.headers.get(TOKEN_HEADER, "").encode("utf-8", "surrogateescape")
+            if not hmac.compare_digest(token, signals.token.encode()):
+                self._refuse(403, "bad or missing token")
                 return
-            self._send(signals[1](self.rfile.read(length)), b"{}")
+            declared = self.headers.get("Content-Length")
+            if declared is None:
+                self._refuse(411, "Content-Length required")
+                return
+            declared = declared.strip()
+            if not (declared.isascii() and declared.isdigit()):
+                self._refuse(400, "invalid Content-Length")
+                return
+            length = int(declared)
+            if length > MAX_SIGNAL_BYTES:
+                self._refuse(413, "too large")
+                return
+            try:
+                body = self.rfile.read(length)  # bounded, and by the socket's timeout
+            except OSError:
+                self.close_connection = True  # timed out or went away mid-body
+                return
+            if len(body) < length:
+                self.close_connection = True
+                return
+            self._send(signals.receive(body), b"{}")
 
         def log_message(self, format: str, *args: object) -> None:
             pass  # probes every few seconds would drown the log
@@ -95,10 +146,19 @@ def _handler(health: Health, metrics: MetricsRenderer | None,
     return Handler
 
 
+class _IPv6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
 class HealthServer:
     def __init__(self, health: Health, port: int, metrics: MetricsRenderer | None = None,
-                 signals: tuple[str, SignalReceiver] | None = None):
-        self._server = ThreadingHTTPServer(("0.0.0.0", port), _handler(health, metrics, signals))
+                 signals: SignalEndpoint | None = None, host: str = "0.0.0.0",
+                 request_timeout_s: float = 10.0):
+        handler = _handler(health, metrics, signals)
+        # A client that stops sending mid-request gives its thread back after this long.
+        handler.timeout = request_timeout_s
+        server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
+        self._server = server_class((host, port), handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="health-http", daemon=True)
 

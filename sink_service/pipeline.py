@@ -41,7 +41,7 @@ from sink_service.partition_task import ERROR_PROCESSING, RESULT_SCHEMA_DDL, STA
 from sink_service.planner_hints import PlannerHints
 from sink_service.repeated_failures import Failure, RepeatedFailures, Streak
 from sink_service.targets import build_target, target_settings
-from sink_service.upload_signals import NO_SIGNALS, SIGNAL_PATH, LiveUploads, SignalChannel
+from sink_service.upload_signals import NO_SIGNALS, LiveUploads, SignalChannel, signal_url
 
 log = logging.getLogger("sink_service.pipeline")
 
@@ -84,7 +84,7 @@ class Pipeline:
         if config.http_port:
             # Executors reach the driver where Spark does; local executors run in this process.
             host = "127.0.0.1" if config.spark_master.startswith("local") else spark.conf.get("spark.driver.host")
-            signals = SignalChannel(f"http://{host}:{config.http_port}{SIGNAL_PATH}", live_uploads.token)
+            signals = SignalChannel(signal_url(config.http_host, config.http_port, host), live_uploads.token)
         self.task_spec = TaskSpec(
             decode=DecodeSpec(
                 value_schema, config.primary_keys, config.order_field, key_format=config.key_format,

@@ -23,7 +23,7 @@ from confluent_kafka import KafkaException
 from pyspark.errors import StreamingQueryException
 
 from sink_service.config import SinkConfig
-from sink_service.health import Health, HealthServer
+from sink_service.health import Health, HealthServer, SignalEndpoint
 from sink_service.kafka_source.membership import GroupMembership, instance_id
 from sink_service.kafka_source.positions import OffsetGapError
 from sink_service.metrics import SinkMetrics
@@ -76,10 +76,18 @@ class SinkService:
         self.config = dataclasses.replace(self.config, scratch_dir=str(scratch.path))
         server = None
         if self.config.http_port:
-            server = HealthServer(self.health, self.config.http_port, self._metrics_exposition,
-                                  signals=(SIGNAL_PATH, self._receive_signal))
+            try:
+                server = HealthServer(self.health, self.config.http_port, self._metrics_exposition,
+                                      signals=SignalEndpoint(SIGNAL_PATH, self.live_uploads.token,
+                                                             self._receive_signal),
+                                      host=self.config.http_host)
+            except OSError as exc:  # a port in use, an address this host does not have
+                log.error("cannot serve HTTP on %s port %d: %s (check SINK_HTTP_HOST and SINK_HTTP_PORT)",
+                          self.config.http_host, self.config.http_port, exc)
+                scratch.release()
+                return EXIT_CONFIG
             server.start()
-            log.info("HTTP endpoints on port %d: /healthz /readyz /metrics", server.port)
+            log.info("HTTP endpoints on %s port %d: /healthz /readyz /metrics", self.config.http_host, server.port)
         # The JVM starts on one core for seconds; the pipeline's imports (~0.5 s) take the other, and
         # the group join runs meanwhile too: a join makes the broker work for seconds (noida-db: a
         # core for 3-5 s on a backlog), which then overlaps the JVM's start, not the first batch.

@@ -22,6 +22,11 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 SIGNAL_PATH = "/internal/upload-signal"
+# The per-start token travels in a header, so the driver refuses a stranger before reading a body.
+TOKEN_HEADER = "X-Sink-Signal-Token"
+# An error text is cut to this before it is sent: the driver keeps 300 characters and refuses a
+# body above 64 KiB (`health.MAX_SIGNAL_BYTES`).
+MAX_ERROR_CHARS = 1000
 SEND_TIMEOUT_S = 0.5
 # An upload that ends sooner than this is never announced: readiness and the in-flight gauge are
 # about uploads that fail or hang, and two posts per file cost the task worker and the driver CPU
@@ -29,6 +34,13 @@ SEND_TIMEOUT_S = 0.5
 ANNOUNCE_AFTER_S = 1.0
 
 TaskKey = tuple[str, int, int]  # topic, partition, range start
+
+
+def signal_url(bind_host: str, port: int, driver_host: str) -> str:
+    """Where executors post: the driver's address as Spark knows it while the server listens on
+    every interface, else the one address it is bound to (`SINK_HTTP_HOST`)."""
+    host = driver_host if bind_host in ("", "0.0.0.0", "::") else bind_host
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}{SIGNAL_PATH}"
 
 
 @dataclass(frozen=True)
@@ -72,7 +84,7 @@ class SignalSender:
             self._announced = upload is not None
         if upload is not None:
             file, started_at = upload
-            self._send("retry", file, reason=reason, error=error, started_at=started_at)
+            self._send("retry", file, reason=reason[:200], error=error[:MAX_ERROR_CHARS], started_at=started_at)
 
     def finished(self, file: str) -> None:
         with self._lock:
@@ -94,15 +106,14 @@ class SignalSender:
     def _send(self, kind: str, file: str, **fields: object) -> None:
         if not self._channel.url:
             return
-        event = {"token": self._channel.token, "kind": kind, "task": self._task, "file": file,
-                 "at": time.time(), **fields}
-        _post(self._channel.url, json.dumps(event))
+        event = {"kind": kind, "task": self._task, "file": file, "at": time.time(), **fields}
+        _post(self._channel.url, self._channel.token, json.dumps(event))
 
 
 _local = threading.local()
 
 
-def _post(url: str, body: str) -> None:
+def _post(url: str, token: str, body: str) -> None:
     """Best effort, on one HTTP session per thread; requests loads here, on executors only (the
     driver imports this module on its way to the JVM's launch)."""
     import requests
@@ -111,7 +122,7 @@ def _post(url: str, body: str) -> None:
     if session is None:
         session = _local.session = requests.Session()
     try:
-        session.post(url, data=body, timeout=SEND_TIMEOUT_S)
+        session.post(url, data=body.encode(), headers={TOKEN_HEADER: token}, timeout=SEND_TIMEOUT_S)
     except requests.RequestException as exc:
         log.debug("upload signal not delivered: %s", exc)
 
@@ -125,7 +136,8 @@ class _InFlight:
 
 
 class LiveUploads:
-    """Driver side: uploads in flight as the signals describe them. Thread-safe."""
+    """Driver side: uploads in flight as the signals describe them. Thread-safe. `token` is the
+    one senders put in `TOKEN_HEADER`; the HTTP server checks it before the body reaches here."""
 
     def __init__(self, token: str):
         self.token = token
@@ -137,11 +149,9 @@ class LiveUploads:
         """Apply one event; returns (HTTP status, the retry reason to count, if any)."""
         try:
             event = json.loads(body)
-            if event.get("token") != self.token:
-                return 403, None
             task: TaskKey = (str(event["task"][0]), int(event["task"][1]), int(event["task"][2]))
             key, kind = (task, str(event["file"])), event["kind"]
-        except (ValueError, KeyError, TypeError, IndexError):
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             return 400, None
         with self._lock:
             if kind == "started":

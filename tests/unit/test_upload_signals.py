@@ -11,8 +11,15 @@ import pytest
 import requests
 
 from sink_service import upload_signals
-from sink_service.health import Health, HealthServer
-from sink_service.upload_signals import NO_SIGNALS, SIGNAL_PATH, LiveUploads, SignalChannel, SignalSender
+from sink_service.health import Health, HealthServer, SignalEndpoint
+from sink_service.upload_signals import (
+    NO_SIGNALS,
+    SIGNAL_PATH,
+    TOKEN_HEADER,
+    LiveUploads,
+    SignalChannel,
+    SignalSender,
+)
 
 TASK = ("orders", 3, 1000)
 TOKEN = "t0ken"
@@ -44,7 +51,7 @@ def driver() -> Iterator[Driver]:
         bodies.append(body)
         return live.receive(body)[0]
 
-    server = HealthServer(health, 0, signals=(SIGNAL_PATH, receive))
+    server = HealthServer(health, 0, host="127.0.0.1", signals=SignalEndpoint(SIGNAL_PATH, TOKEN, receive))
     server.start()
     try:
         yield Driver(live, health, f"http://127.0.0.1:{server.port}{SIGNAL_PATH}", bodies)
@@ -94,12 +101,25 @@ def test_an_upload_still_running_is_announced_from_its_start_and_its_end_follows
 
 
 def test_signals_with_a_wrong_token_or_garbage_change_nothing(driver):
-    event = {"token": "guess", "kind": "retry", "task": list(TASK), "file": "f", "at": 1.0}
-    assert requests.post(driver.url, data=json.dumps(event), timeout=5).status_code == 403
-    assert requests.post(driver.url, data=b"{not json", timeout=5).status_code == 400
+    event = json.dumps({"kind": "retry", "task": list(TASK), "file": "f", "at": 1.0})
+    assert requests.post(driver.url, data=event, headers={TOKEN_HEADER: "guess"}, timeout=5).status_code == 403
+    assert requests.post(driver.url, data=event, timeout=5).status_code == 403
+    good = {TOKEN_HEADER: TOKEN}
+    assert requests.post(driver.url, data=b"{not json", headers=good, timeout=5).status_code == 400
+    assert requests.post(driver.url, data=b"[1]", headers=good, timeout=5).status_code == 400
     other = driver.url.replace(SIGNAL_PATH, "/other")
-    assert requests.post(other, data=b"{}", timeout=5).status_code == 404
+    assert requests.post(other, data=b"{}", headers=good, timeout=5).status_code == 404
+    assert driver.bodies == [b"{not json", b"[1]"]  # the refused ones never reached the receiver
     assert driver.health.readiness()[0]
+
+
+def test_the_token_travels_in_a_header_never_in_the_body(driver):
+    sender = driver.sender()
+    sender.started("f")
+    sender.retried("timeout", "x" * 100_000)  # a huge error text is cut, so the event still fits
+    assert driver.kinds() == ["retry"]
+    assert TOKEN.encode() not in driver.bodies[0]
+    assert not driver.health.readiness()[0]
 
 
 def test_a_sender_without_a_channel_or_driver_never_raises():
@@ -112,7 +132,14 @@ def test_a_sender_without_a_channel_or_driver_never_raises():
 
 def test_a_new_query_forgets_the_old_tasks():
     live = LiveUploads("t")
-    live.receive(json.dumps({"token": "t", "kind": "retry", "task": list(TASK), "file": "f", "at": 1.0}).encode())
+    live.receive(json.dumps({"kind": "retry", "task": list(TASK), "file": "f", "at": 1.0}).encode())
     assert live.failing() is not None
     live.clear()
     assert live.failing() is None and live.oldest_age_s(now=2.0) == 0.0
+
+
+def test_executors_post_to_the_bound_address_or_the_drivers_when_bound_to_every_interface():
+    assert upload_signals.signal_url("0.0.0.0", 8080, "127.0.0.1") == f"http://127.0.0.1:8080{SIGNAL_PATH}"
+    assert upload_signals.signal_url("::", 8080, "driver-0") == f"http://driver-0:8080{SIGNAL_PATH}"
+    assert upload_signals.signal_url("10.1.2.3", 8080, "127.0.0.1") == f"http://10.1.2.3:8080{SIGNAL_PATH}"
+    assert upload_signals.signal_url("::1", 81, "127.0.0.1") == f"http://[::1]:81{SIGNAL_PATH}"
