@@ -27,7 +27,7 @@ from sink_service.health import Health, HealthServer, SignalEndpoint
 from sink_service.kafka_source.membership import GroupMembership, instance_id
 from sink_service.kafka_source.positions import OffsetGapError
 from sink_service.metrics import SinkMetrics
-from sink_service.scratch import ScratchBusy, claim_scratch
+from sink_service.scratch import ScratchError, claim_scratch
 from sink_service.spark_session import start_spark
 from sink_service.stop_signals import release_stop_signals, stop_signals_held
 from sink_service.upload_signals import SIGNAL_PATH, LiveUploads
@@ -69,7 +69,7 @@ class SinkService:
         release_stop_signals()  # one held since the process started (`__main__`) is handled here
         try:
             scratch = claim_scratch(Path(self.config.scratch_dir))
-        except ScratchBusy as exc:
+        except ScratchError as exc:  # busy, unsafe (a link, another user's) or unusable
             log.error("%s", exc)
             return EXIT_CONFIG
         log.info("scratch area %s (SINK_SCRATCH_DIR=%s)", scratch.path, self.config.scratch_dir)
