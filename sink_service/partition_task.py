@@ -21,12 +21,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sink_service.dead_letters import DeadLetterError, DeadLetters, DeadLetterSpec
+from sink_service.dead_letters import DeadLetterError, DeadLetterRefused, DeadLetters, DeadLetterSpec
 from sink_service.decode import BadRecord, DecodedChunk, DecodeSpec, decode
 from sink_service.decode.column_types import encode_schema
 from sink_service.decode.compact import FileCompactor
 from sink_service.decode.registry import RegistryRefused, RegistryUnavailable
 from sink_service.kafka_source.admission import Range
+from sink_service.kafka_source.range_reader import unreadable_headers
 from sink_service.parquet_files import ClosedFile, PartitionFileWriter
 from sink_service.transform import Transform, TransformFailed
 from sink_service.upload_signals import NO_SIGNALS, SignalChannel, SignalSender
@@ -41,7 +42,8 @@ STATUS_RETRYABLE = "retryable"  # replay from the committed offsets
 STATUS_FATAL = "fatal"  # stop the service: retrying cannot fix it
 # Why a range stopped early. Upload and read failures are outages: retried while the service stays
 # up. A processing failure survived the record-by-record pass, so the driver counts repeats.
-# A dead-letter topic that does not acknowledge is an outage too (see `sink_service.dead_letters`).
+# A dead-letter topic that does not acknowledge is an outage too, unless it refuses for a reason no
+# replay changes (not authorised, no such topic): that is fatal (see `sink_service.dead_letters`).
 ERROR_UPLOAD = "upload"
 ERROR_READ = "read"
 ERROR_DEAD_LETTER = "dead_letter"
@@ -232,6 +234,10 @@ class _RangeProcessor:
             return
         try:
             self._dead_letters.settle(committable)
+        except DeadLetterRefused as exc:
+            self.outcome.error_kind = ERROR_DEAD_LETTER
+            self._stop(STATUS_FATAL, f"{exc} (offset {self.outcome.committable} on). Fix SINK_DLQ_TOPIC as said "
+                                     "and restart; the service resumes there.")
         except DeadLetterError as exc:
             self.outcome.error_kind = ERROR_DEAD_LETTER
             self._stop(STATUS_RETRYABLE, f"{exc}; nothing from offset {self.outcome.committable} on is committed "
@@ -255,14 +261,18 @@ class _RangeProcessor:
 
     def process(self, raw: pa.RecordBatch) -> None:
         self.outcome.records_read += raw.num_rows
-        self._write(decode(raw, self.decode_spec, self.spec.transform), raw)
+        for part, bad in _readable_runs(raw):
+            self._write(DecodedChunk(bad_records=[bad]) if bad else decode(part, self.decode_spec, self.spec.transform),
+                        part)
 
     def process_carefully(self, raw: pa.RecordBatch) -> None:
         """Like `process`, but a batch that cannot be decoded, transformed or encoded is halved until
         the records at fault are found; each becomes a bad record under the error policy."""
         self.outcome.records_read += raw.num_rows
-        for chunk in _bisect_unwritable(raw, self.decode_spec, self.spec.transform):
-            self._write(chunk, raw)
+        for part, bad in _readable_runs(raw):
+            for chunk in [DecodedChunk(bad_records=[bad])] if bad else _bisect_unwritable(
+                    part, self.decode_spec, self.spec.transform):
+                self._write(chunk, part)
 
     def _write(self, chunk: DecodedChunk, raw: pa.RecordBatch) -> None:
         """Write a chunk decoded (and transformed) from (part of) `raw`; its bad records under the
@@ -330,6 +340,29 @@ def _reading(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         except Exception as exc:
             raise _ReadFailed(f"{type(exc).__name__}: {exc}") from exc
         yield raw
+
+
+def _readable_runs(raw: pa.RecordBatch) -> Iterator[tuple[pa.RecordBatch, BadRecord | None]]:
+    """`raw` in offset order as runs of records to decode, and each record whose headers could not
+    be read (see `range_reader.UNREADABLE_HEADERS`) alone, as an `invalid_header` bad record: the
+    policy decides, the records before it are written first, and its dead letter carries its key
+    and value without the marker."""
+    unreadable = unreadable_headers(raw)
+    if not unreadable:
+        yield raw, None
+        return
+    start = 0
+    for row, why in sorted(unreadable.items()):
+        if row > start:
+            yield raw.slice(start, row - start), None
+        one = raw.slice(row, 1)
+        field = one.schema.get_field_index("headers")
+        one = one.set_column(field, "headers", pa.nulls(1, one.schema.field(field).type))
+        yield one, BadRecord(one.column("topic")[0].as_py(), one.column("partition")[0].as_py(),
+                             one.column("offset")[0].as_py(), why, "invalid_header")
+        start = row + 1
+    if start < raw.num_rows:
+        yield raw.slice(start), None
 
 
 def _probe(table: pa.Table) -> None:

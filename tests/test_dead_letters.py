@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from devkit.kafka_data import create_topics
 from sink_service import dead_letters
@@ -104,14 +105,117 @@ def test_bad_records_reach_the_dead_letter_topic_unchanged_before_the_range_is_c
 
 @pytest.mark.parametrize("read_batch", [50, 300], ids=["bad-record-read-later", "one-read-for-all"])
 def test_a_dead_letter_topic_that_refuses_holds_the_range_before_the_bad_record(bootstrap, tmp_path, read_batch):
-    """Only dead letters below the next committable offset hold it: the file before one is done."""
+    """Only dead letters below the next committable offset hold it: the file before one is done.
+    A name the broker refuses is permanent: fatal, naming the setting to fix, never an endless replay."""
     outcome = process_range(spec(tmp_path, bootstrap, INVALID_TOPIC), Range("src", 3, 0, 300),
                             reader(300, {150}, read_batch)).to_pylist()[0]
-    assert outcome["status"] == "retryable"
+    assert outcome["status"] == "fatal"
     assert outcome["error_kind"] == ERROR_DEAD_LETTER
     assert outcome["committable"] == 100, "the file before the bad record's is done; nothing past it"
     assert "offset=150" in outcome["error"] and "dead-letter topic" in outcome["error"]
+    assert "SINK_DLQ_TOPIC" in outcome["error"] and "name" in outcome["error"]
     assert json.loads(outcome["dead_letters"]) == {}
+
+
+def test_a_missing_dead_letter_topic_the_broker_will_not_create_is_fatal(bootstrap, tmp_path):
+    """Auto-creation off (here on the client: noida-db always creates): the broker says the topic does not exist."""
+    task = dataclasses.replace(spec(tmp_path, bootstrap, "dlq-unit-never-created"), dead_letters=DeadLetterSpec.of(
+        "dlq-unit-never-created", {"bootstrap.servers": bootstrap, "allow.auto.create.topics": "false"}))
+    outcome = process_range(task, Range("src", 3, 0, 300), reader(300, {150})).to_pylist()[0]
+    assert (outcome["status"], outcome["error_kind"], outcome["committable"]) == ("fatal", ERROR_DEAD_LETTER, 100)
+    assert "SINK_DLQ_TOPIC" in outcome["error"] and "does not exist" in outcome["error"], outcome["error"]
+
+
+def test_a_keyless_dead_letter_to_a_compacted_topic_is_fatal(bootstrap, tmp_path):
+    dlq = "dlq-unit-compacted"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(dlq, 1, 1, config={"cleanup.policy": "compact"})])[dlq].result()
+
+    def keyless(rng: Range) -> Iterator[pa.RecordBatch]:
+        for batch in reader(300, {150})(rng):
+            yield batch.set_column(4, "key", pa.nulls(batch.num_rows, pa.binary()))
+
+    outcome = process_range(spec(tmp_path, bootstrap, dlq), Range("src", 3, 0, 300), keyless).to_pylist()[0]
+    assert (outcome["status"], outcome["error_kind"], outcome["committable"]) == ("fatal", ERROR_DEAD_LETTER, 100)
+    assert "SINK_DLQ_TOPIC" in outcome["error"] and "cleanup.policy" in outcome["error"], outcome["error"]
+
+
+@pytest.mark.parametrize("code", [KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED])
+def test_an_authorisation_refusal_is_fatal_and_says_what_to_grant(code):
+    """noida-db has no ACLs: the broker's answer is built here, the decision is the one the task takes."""
+    why = dead_letters.refusal(KafkaError(code), "dlq", has_key=True)
+    assert why is not None and "SINK_DLQ_TOPIC" in why and "Write" in why
+    assert dead_letters.refusal(KafkaError(KafkaError._MSG_TIMED_OUT), "dlq", has_key=True) is None, \
+        "an unreachable broker stays an outage"
+    assert dead_letters.refusal(KafkaError(KafkaError._TRANSPORT), "dlq", has_key=True) is None
+
+
+def test_a_dead_letter_larger_than_the_topic_takes_is_truncated_and_says_so(bootstrap, tmp_path):
+    """The source allows more than the dead-letter topic (noida-db honours max.message.bytes per topic)."""
+    dlq = "dlq-unit-small"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(dlq, 1, 1, config={"max.message.bytes": "10000"})])[dlq].result()
+    big = b'{"id": "' + b"y" * 50_000  # invalid JSON, 50 kB
+    mid = {i: b'{"id": "' + bytes([97 + i % 26]) * 3_000 for i in range(60, 66)}  # fit alone, not together
+
+    def read(rng: Range) -> Iterator[pa.RecordBatch]:
+        yield pa.RecordBatch.from_pylist([
+            {"topic": "src", "partition": 3, "offset": i, "timestamp_ms": 0, "key": f"k{i}".encode(),
+             "value": big if i == 150 else mid.get(i, json.dumps({"id": str(i)}).encode()),
+             "headers": [{"key": k, "value": v} for k, v in HEADERS]}
+            for i in range(rng.start, rng.end)], schema=RAW_SCHEMA)
+
+    outcome = process_range(spec(tmp_path, bootstrap, dlq), Range("src", 3, 0, 300), read).to_pylist()[0]
+    assert (outcome["status"], outcome["committable"]) == ("ok", 300), outcome["error"]
+    assert json.loads(outcome["dead_letters"]) == {"invalid_json": 7}
+    letters = {int(dict(m.headers())["sink.source.offset"]): m for m in dead_letter_records(bootstrap, dlq)}
+    assert sorted(letters) == [*mid, 150]
+    for offset, value_was in mid.items():  # refused together in one batch at most: each sent again, unchanged
+        assert (letters[offset].value(), original_headers(letters[offset].headers())) == (value_was, HEADERS)
+        assert "sink.truncated" not in dict(letters[offset].headers())
+    cut = letters[150]
+    named = dict(cut.headers())
+    assert named["sink.truncated"] == b"true"
+    assert named["sink.original.value.bytes"] == str(len(big)).encode()
+    assert named["sink.original.key.bytes"] == b"4"
+    assert cut.key() == b"k150" and original_headers(cut.headers()) == HEADERS
+    assert big.startswith(cut.value()) and 1_000 < len(cut.value()) < 10_000
+
+
+def test_a_dead_letter_larger_than_the_producer_allows_is_truncated(bootstrap, tmp_path):
+    """Larger than the producer's message.max.bytes (1 MB by default): refused before it is sent."""
+    huge = b'{"id": "' + b"x" * 1_200_000
+
+    def read(rng: Range) -> Iterator[pa.RecordBatch]:
+        yield pa.RecordBatch.from_pylist([
+            {"topic": "src", "partition": 3, "offset": i, "timestamp_ms": 0, "key": None,
+             "value": huge if i == 5 else json.dumps({"id": str(i)}).encode(), "headers": None}
+            for i in range(rng.start, rng.end)], schema=RAW_SCHEMA)
+
+    dlq = "dlq-unit-huge"
+    outcome = process_range(spec(tmp_path, bootstrap, dlq, flush_records=5), Range("src", 3, 0, 10),
+                            read).to_pylist()[0]
+    assert (outcome["status"], outcome["committable"]) == ("ok", 10), outcome["error"]
+    [letter] = dead_letter_records(bootstrap, dlq)
+    named = dict(letter.headers())
+    assert (named["sink.truncated"], named["sink.original.value.bytes"]) == (b"true", str(len(huge)).encode())
+    assert letter.key() is None and huge.startswith(letter.value()) and len(letter.value()) < 1_000_000
+
+
+def test_replay_leaves_truncated_dead_letters_out(bootstrap, capsys):
+    dlq, orders = "dlq-unit-replay-cut", "replay-cut-orders"
+    create_topics(bootstrap, {dlq: 1, orders: 1})
+    producer = Producer({"bootstrap.servers": bootstrap})
+    whole = dead_letter_headers(BadRecord(orders, 0, 1, "why", "invalid_json"), 0, HEADERS)
+    cut = [*dead_letter_headers(BadRecord(orders, 0, 2, "why", "invalid_json"), 0, HEADERS),
+           ("sink.truncated", b"true"), ("sink.original.value.bytes", b"50000")]
+    producer.produce(dlq, key=b"k1", value=b"v1", headers=whole)
+    producer.produce(dlq, key=b"k2", value=b"v2-cut", headers=cut)
+    producer.flush(10)
+    assert dead_letters.main(["replay", "--from", dlq], {"SINK_KAFKA_BOOTSTRAP_SERVERS": bootstrap}) == 0
+    out = capsys.readouterr().out
+    assert "replayed 1 record(s)" in out and "1 truncated dead letter(s) left out" in out, out
+    assert [m.key() for m in dead_letter_records(bootstrap, orders)] == [b"k1"]
 
 
 def test_an_unreachable_dead_letter_broker_is_waited_for_then_reported(tmp_path, monkeypatch):
@@ -171,22 +275,6 @@ def end_offset(bootstrap: str, topic: str) -> int:
         return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
     finally:
         consumer.close()
-
-
-def test_a_dead_letter_the_producer_refuses_is_an_outage_not_a_crash(bootstrap, tmp_path):
-    """Larger than the producer's message.max.bytes (1 MB by default): refused before it is sent."""
-    huge = b'{"id": "' + b"x" * 1_200_000
-
-    def read(rng: Range) -> Iterator[pa.RecordBatch]:
-        yield pa.RecordBatch.from_pylist([
-            {"topic": "src", "partition": 3, "offset": i, "timestamp_ms": 0, "key": None,
-             "value": huge if i == 5 else json.dumps({"id": str(i)}).encode(), "headers": None}
-            for i in range(rng.start, rng.end)], schema=RAW_SCHEMA)
-
-    outcome = process_range(spec(tmp_path, bootstrap, "dlq-unit-huge", flush_records=5), Range("src", 3, 0, 10),
-                            read).to_pylist()[0]
-    assert (outcome["status"], outcome["error_kind"], outcome["committable"]) == ("retryable", ERROR_DEAD_LETTER, 5)
-    assert "offset=5" in outcome["error"] and "size" in outcome["error"].lower()
 
 
 def test_the_spec_never_shows_the_client_secrets():

@@ -1,6 +1,7 @@
-"""SINK_ERROR_POLICY=dlq end to end: bad records leave for the dead-letter topic unchanged, a
-dead-letter topic that cannot be written holds the partition (not ready, never skipped), and the
-replay command brings the records back to land after a fix."""
+"""SINK_ERROR_POLICY=dlq end to end: bad records leave for the dead-letter topic unchanged (one
+larger than the topic takes, truncated and marked so), a dead-letter topic whose name the broker
+refuses stops the service before the bad record (exit 3 naming SINK_DLQ_TOPIC, never skipped),
+and the replay command brings the records back to land after a fix."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from devkit.kafka_data import committed_offsets, create_topics, end_offsets
 from devkit.service_process import wait_until
@@ -21,6 +23,8 @@ pytestmark = pytest.mark.e2e
 
 INVALID_TOPIC = "x" * 250  # longer than Kafka allows: the broker refuses every produce to it
 HEADERS = [("trace", b"t-1"), ("none", None), ("bin", b"\xff\x00"), ("trace", b"t-2")]
+DLQ_MAX_MESSAGE_BYTES = 10_000  # the source topic takes 1 MB: one bad record is too large for the DLQ
+BIG = 120  # the offset of a 50 kB bad record
 
 
 def records() -> list[tuple[bytes, bytes, list | None, str]]:
@@ -36,6 +40,7 @@ def records() -> list[tuple[bytes, bytes, list | None, str]]:
             out.append((key, json.dumps({"amount": i}).encode(), HEADERS, "missing_key"))
         else:
             out.append((key, json.dumps({"id": f"r{i}", "amount": i}).encode(), None, "good"))
+    out.append((json.dumps({"id": f"r{BIG}"}).encode(), b'{"id": "' + b"z" * 50_000, HEADERS, "invalid_json"))
     return out
 
 
@@ -49,10 +54,6 @@ def read_all(bootstrap: str, topic: str) -> list:
     return got
 
 
-def failed_replays(log: str) -> int:
-    return sum(1 for line in log.splitlines() if "stopped at" in line and "dead-letter topic" in line)
-
-
 def replay(env: dict[str, str], *args: str) -> str:
     done = subprocess.run([sys.executable, "-m", "sink_service.dead_letters", "replay", *args],
                           env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
@@ -62,7 +63,9 @@ def replay(env: dict[str, str], *args: str) -> str:
 
 def test_dead_letters_wait_for_their_topic_then_replay_after_a_fix(bootstrap, ems, unique, service_env, services):
     topic, dlq, group = unique("dlq-source"), unique("dlq"), unique("group")
-    create_topics(bootstrap, {topic: 1, dlq: 1})
+    create_topics(bootstrap, {topic: 1})
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(dlq, 1, 1, config={"max.message.bytes": str(DLQ_MAX_MESSAGE_BYTES)})])[dlq].result()
     produced = records()
     producer = Producer({"bootstrap.servers": bootstrap})
     for key, value, headers, _ in produced:
@@ -70,18 +73,18 @@ def test_dead_letters_wait_for_their_topic_then_replay_after_a_fix(bootstrap, em
     producer.flush(10)
     good = {f"r{i}" for i, r in enumerate(produced) if r[3] == "good"}
 
-    # 1. A dead-letter topic the broker refuses: the partition waits before the bad record, not ready,
-    # replayed again and again without the exit SINK_MAX_IDENTICAL_FAILURES gives unexplained failures.
+    # 1. A dead-letter topic whose name the broker refuses: no replay can change that, so the service
+    # stops before the bad record (exit 3), naming the setting to fix, instead of replaying forever.
     env = service_env(topic, group, SINK_ERROR_POLICY="dlq", SINK_DLQ_TOPIC=INVALID_TOPIC, SINK_FLUSH_RECORDS=20,
                       SINK_MAX_IDENTICAL_FAILURES=2, SINK_RESTART_BACKOFF_MAX_MS=1000)
     port = int(env["SINK_HTTP_PORT"])
     service = services(env)
-    wait_until(lambda: failed_replays(service.output()) >= 4, 120, "four failed replays", process=service)
-    status, detail = service.readiness(port)
-    assert status == 503 and "dead-letter topic" in detail["reason"], detail
+    assert service.wait(120) == 3, service.output()[-3000:]
+    stopped = [line for line in service.output().splitlines() if "stopping:" in line]
+    assert stopped and "SINK_DLQ_TOPIC" in stopped[-1] and "valid topic name" in stopped[-1], stopped
+    assert "offset=30" in stopped[-1], "names the bad record it could not dead-letter"
     assert committed_offsets(bootstrap, group, topic, 1) == {0: 20}, "the file before the bad record is done"
     assert read_all(bootstrap, dlq) == []
-    assert service.terminate() == 0
 
     # 2. The topic fixed: every bad record is dead-lettered unchanged, everything committed.
     env["SINK_DLQ_TOPIC"] = dlq
@@ -95,11 +98,17 @@ def test_dead_letters_wait_for_their_topic_then_replay_after_a_fix(bootstrap, em
     for offset, (key, value, headers, kind) in bad.items():
         m = by_offset[offset]
         named = dict(m.headers())
-        assert (m.key(), m.value(), original_headers(m.headers())) == (key, value, headers)
+        if offset == BIG:  # cut to fit the topic, said so; still dead-lettered, nothing replayed forever
+            assert (m.key(), original_headers(m.headers())) == (key, headers)
+            assert value.startswith(m.value()) and len(m.value()) < DLQ_MAX_MESSAGE_BYTES
+            assert named["sink.truncated"] == b"true" and named["sink.original.value.bytes"] == b"50008"
+        else:
+            assert (m.key(), m.value(), original_headers(m.headers())) == (key, value, headers)
+            assert "sink.truncated" not in named
         assert (named["sink.error.kind"], named["sink.source.topic"]) == (kind.encode(), topic.encode())
         assert named["sink.source.partition"] == b"0" and named["sink.error.message"]
     samples = scrape_metrics(port)
-    assert metric_total(samples, "sink_dead_letters_total", topic=topic, reason="invalid_json") == 2
+    assert metric_total(samples, "sink_dead_letters_total", topic=topic, reason="invalid_json") == 3
     assert metric_total(samples, "sink_dead_letters_total", topic=topic, reason="missing_key") == 3
     assert service.terminate() == 0
 
