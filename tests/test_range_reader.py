@@ -22,6 +22,7 @@ from sink_service.kafka_source.admission import Range
 from sink_service.kafka_source.range_reader import BATCH_RECORDS, _consumer, consumer_config, read_range
 from sink_service.partition_task import TaskSpec, process_range
 from sink_service.targets import build_target
+from tests import kafka_wire
 from uploader.directory import DirectorySettings
 from uploader.retry import RetryPolicy
 
@@ -194,3 +195,81 @@ def test_a_failed_read_leaves_no_cached_consumer_behind(paused_broker_topic):
     with pytest.raises(KafkaException, match="offset 5000"):
         list(read_range(Range("silent", 0, 5000, 5100), config, MAX_BYTES))  # past the log end
     assert range_reader._key(config) not in range_reader._consumers
+
+
+# --- header names that are not UTF-8 ------------------------------------------------------------
+
+BAD_NAME = b"\xffbad-name\xfe"  # what a Go or C producer may write; confluent-kafka reads names as str only
+
+
+@pytest.fixture(scope="module")
+def bad_header_name(bootstrap: str) -> Iterator[str]:
+    """Six records written byte by byte (no Python client can write such a name); offset 3's headers
+    hold a name that is not UTF-8."""
+    name = "range-reader-header-names"
+    create_topics(bootstrap, {name: 1})
+    records = [(f"k{i}".encode(), json.dumps({"id": str(i), "version": i}).encode(),
+                [(b"trace", b"t"), (BAD_NAME, b"x"), (b"after", b"y")] if i == 3 else [(b"trace", b"t")])
+               for i in range(6)]
+    assert kafka_wire.produce(bootstrap, name, 0, records) == 0
+    yield name
+    from sink_service import dead_letters  # cached per process: closed here, they do not outlive the broker
+
+    for consumer in range_reader._consumers.values():
+        consumer.close()
+    range_reader._consumers.clear()
+    for producer in dead_letters._producers.values():
+        producer.flush(5)
+    dead_letters._producers.clear()
+
+
+def test_a_header_name_that_is_not_utf8_is_read_and_marked_not_a_failed_read(bootstrap: str, bad_header_name: str):
+    config = consumer_config({"bootstrap.servers": bootstrap}, "range-reader-header-names")
+    # Again and again: confluent-kafka hands back a broken list without raising once CPython has
+    # specialised a warm `m.headers()` call, and touching it crashed the interpreter by the third read.
+    for _ in range(30):
+        batches = list(read_range(Range(bad_header_name, 0, 0, 6), config, MAX_BYTES))
+        assert [h and h[0]["key"] for h in batches[0].column("headers").to_pylist()] == \
+            ["trace", "trace", "trace", range_reader.UNREADABLE_HEADERS, "trace", "trace"]
+    assert _offsets(batches) == list(range(6))
+    [batch] = batches
+    assert batch.column("key").to_pylist() == [f"k{i}".encode() for i in range(6)], "key and value are read"
+    unreadable = range_reader.unreadable_headers(batch)
+    assert list(unreadable) == [3]
+    assert "not UTF-8" in unreadable[3] and repr(BAD_NAME) in unreadable[3], unreadable
+    assert batch.column("headers")[0].as_py() == [{"key": "trace", "value": b"t"}], "the others keep their headers"
+
+
+@pytest.mark.parametrize("policy", ["skip", "fail", "dlq"])
+def test_a_header_name_that_is_not_utf8_is_a_bad_record_under_the_error_policy(
+        bootstrap: str, bad_header_name: str, tmp_path: Path, policy: str):
+    """Never a stall: the record is a bad record (topic, partition, offset named); the rest is uploaded."""
+    from dataclasses import replace
+
+    from sink_service.dead_letters import DeadLetterSpec
+    from tests.test_dead_letters import dead_letter_records
+    from tests.unit.test_partition_task import spec
+
+    dlq = f"range-reader-header-names-dlq-{policy}"
+    task = spec(tmp_path, policy, flush_records=2)
+    if policy == "dlq":
+        create_topics(bootstrap, {dlq: 1})
+        task = replace(task, dead_letters=DeadLetterSpec.of(dlq, {"bootstrap.servers": bootstrap}))
+    config = consumer_config({"bootstrap.servers": bootstrap}, "range-reader-header-names")
+    outcome = process_range(task, Range(bad_header_name, 0, 0, 6),
+                            lambda rng: read_range(rng, config, MAX_BYTES)).to_pylist()[0]
+    where = f"topic={bad_header_name} partition=0 offset=3"
+    assert outcome["error_kind"] != "read", outcome["error"]
+    if policy == "fail":
+        assert (outcome["status"], outcome["committable"], outcome["records_uploaded"]) == ("fatal", 3, 3)
+        assert where in outcome["error"] and "header name" in outcome["error"], outcome["error"]
+        return
+    assert (outcome["status"], outcome["committable"], outcome["records_uploaded"]) == ("ok", 6, 5), outcome["error"]
+    assert json.loads(outcome["bad_reasons"]) == {"invalid_header": 1}
+    assert any(where in sample and "header name" in sample for sample in json.loads(outcome["bad_samples"]))
+    if policy == "dlq":
+        [letter] = dead_letter_records(bootstrap, dlq)
+        named = dict(letter.headers())
+        assert (letter.key(), letter.value()) == (b"k3", json.dumps({"id": "3", "version": 3}).encode())
+        assert (named["sink.error.kind"], named["sink.source.offset"]) == (b"invalid_header", b"3")
+        assert b"not UTF-8" in named["sink.error.message"]

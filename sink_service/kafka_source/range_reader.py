@@ -5,6 +5,12 @@ costs far more than reading a typical range. A consumer that goes silent on a ra
 fails, is replaced: librdkafka clients that lived through a broker restart were seen never to be
 answered again (the driver's AdminClient, proven; an executor's read stalled past a restart in
 one CI run).
+
+A record whose headers cannot be read (a header name that is not UTF-8: confluent-kafka reads names
+as text only and hands back neither that record's names nor its other headers) is still read: its
+headers become one `UNREADABLE_HEADERS` entry saying why, and the task makes it a bad record
+under SINK_ERROR_POLICY (`unreadable_headers`). Raising would fail the read, and the replay would
+meet the same record again: a stalled partition.
 """
 
 from __future__ import annotations
@@ -12,11 +18,13 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import operator
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+import pyarrow.compute as pc
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from sink_service.decode.headers import HEADERS
 from sink_service.decode.raw import RAW_SCHEMA
@@ -30,6 +38,10 @@ BATCH_RECORDS = 20_000
 STALL_TIMEOUT_S = 120.0
 # Silence this long on a range makes a new consumer, which resumes at the position reached.
 RECONNECT_AFTER_S = 10.0
+
+# The header name standing for a record's unreadable headers; its value says why. Never a name read
+# from Kafka: librdkafka's names end at the first NUL byte.
+UNREADABLE_HEADERS = "\x00unreadable-headers"
 
 _consumers: dict[tuple[tuple[str, str], ...], Consumer] = {}
 
@@ -79,6 +91,43 @@ def _discard(config: Mapping[str, object]) -> None:
             consumer.close()
 
 
+# confluent-kafka (2.16) meets a header name that is not UTF-8 by returning a half-built list (a
+# tuple holding NULL) with the UnicodeDecodeError still set. A call through the C API turns that
+# into a SystemError every time; CPython 3.11's specialised call opcode for a warm `m.headers()`
+# does not check, so the broken list comes back (touching it crashes the interpreter) and the
+# stale error surfaces somewhere later. Hence this caller, and each message asked once only.
+_read_headers = operator.methodcaller("headers")
+
+
+def _headers(messages: Sequence[Message]) -> list:
+    """Each message's headers; one whose headers cannot be read gets an `UNREADABLE_HEADERS` entry."""
+    out = []
+    for message in messages:
+        try:
+            out.append(_read_headers(message))
+        except (UnicodeDecodeError, SystemError) as exc:  # SystemError wraps the UnicodeDecodeError
+            cause = exc if isinstance(exc, UnicodeDecodeError) else exc.__context__
+            name = repr(cause.object) if isinstance(cause, UnicodeDecodeError) else "?"
+            why = (f"a header name is not UTF-8 ({name}); the Kafka client reads header names as text only, "
+                   "so this record's headers cannot be read")
+            out.append([(UNREADABLE_HEADERS, why.encode())])
+    return out
+
+
+def unreadable_headers(raw: pa.RecordBatch) -> dict[int, str]:
+    """Row -> why, for the records of `raw` (a batch of `RAW_SCHEMA`) whose headers could not be read."""
+    headers = raw.column("headers")
+    if headers.null_count == len(headers):
+        return {}
+    names = pc.list_flatten(headers).field("key")
+    marked = pc.equal(names, UNREADABLE_HEADERS)
+    if not pc.any(marked).as_py():
+        return {}
+    rows = pc.filter(pc.list_parent_indices(headers), marked).to_pylist()
+    values = pc.filter(pc.list_flatten(headers).field("value"), marked).to_pylist()
+    return {row: value.decode() for row, value in zip(rows, values, strict=True)}
+
+
 def _batch(rng: Range, messages: list) -> pa.RecordBatch:
     n = len(messages)
     return pa.RecordBatch.from_arrays(
@@ -89,7 +138,7 @@ def _batch(rng: Range, messages: list) -> pa.RecordBatch:
             pa.array([m.timestamp()[1] for m in messages], pa.int64()),
             pa.array([m.key() for m in messages], pa.binary()),
             pa.array([m.value() for m in messages], pa.binary()),
-            pa.array([m.headers() for m in messages], HEADERS),
+            pa.array(_headers(messages), HEADERS),
         ],
         schema=RAW_SCHEMA,
     )
