@@ -1,4 +1,10 @@
-"""Logging: one line per event, secrets scrubbed from every message and field as a last line of defence."""
+"""Logging: one line per event, secrets scrubbed from every message and field as a last line of defence.
+
+The driver configures it at start (`configure`); a Spark Python worker is a process of its own that
+nothing configured, so without `configure_worker` its lines (upload retries, parked files, bad
+records) came out bare through Python's last-resort handler, unscrubbed. The driver's settings
+travel to the workers in the task spec (`current`).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import logging
 import sys
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from sink_service.config import MASK
@@ -73,7 +80,34 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(event, default=str)
 
 
+@dataclass(frozen=True)
+class WorkerLogging:
+    """The driver's logging settings, for the Spark Python workers (pickled into the task spec)."""
+
+    level: str
+    json_format: bool
+    secrets: tuple[str, ...] = field(repr=False)
+
+
+_active: WorkerLogging | None = None  # what `configure` set up in this process
+
+
+def current() -> WorkerLogging | None:
+    """The settings `configure` applied in this process (the driver's), or None if it never ran."""
+    return _active
+
+
+def configure_worker(settings: WorkerLogging | None) -> None:
+    """In a Spark Python worker: the driver's format and scrubber, installed once per process
+    (a no-op in the driver itself, and where the task spec carries none)."""
+    if settings is not None and settings != _active:
+        configure(settings.level, settings.secrets, settings.json_format)
+
+
 def configure(level: str, secrets: Iterable[str], json_format: bool = False) -> SecretScrubber:
+    global _active
+    secrets = tuple(s for s in secrets if s)
+    _active = WorkerLogging(level, json_format, secrets)
     handler = logging.StreamHandler(sys.stderr)
     scrubber = SecretScrubber(secrets)
     handler.addFilter(scrubber)

@@ -28,6 +28,7 @@ from sink_service.decode.compact import FileCompactor
 from sink_service.decode.registry import RegistryRefused, RegistryUnavailable
 from sink_service.kafka_source.admission import Range
 from sink_service.kafka_source.range_reader import unreadable_headers
+from sink_service.logs import WorkerLogging, configure_worker, current
 from sink_service.parquet_files import ClosedFile, PartitionFileWriter
 from sink_service.transform import Transform, TransformFailed
 from sink_service.upload_signals import NO_SIGNALS, SignalChannel, SignalSender
@@ -93,6 +94,9 @@ class TaskSpec:
     signals: SignalChannel = NO_SIGNALS  # live upload signals to the driver
     dead_letters: DeadLetterSpec | None = None  # required with error_policy "dlq"
     transform: Transform | None = None  # SINK_TRANSFORM_SQL, run on each decoded segment
+    # The driver's log format and secret scrubber, taken when the spec is built there (after
+    # `logs.configure`), installed in each Python worker by `process_range`.
+    logging: WorkerLogging | None = field(default_factory=current)
 
     def table_for(self, topic: str) -> str:
         return self.table_template.replace("{topic}", topic)
@@ -401,6 +405,7 @@ def process_range(
     left of the range (from the last uploaded file on) is read again and handled record by
     record where needed, so one unwritable record becomes a bad record instead of a replay loop.
     """
+    configure_worker(spec.logging)  # once per worker process: its lines as the driver's, scrubbed
     processor = _RangeProcessor(spec, rng, floor)
     o = processor.outcome
     started = time.monotonic()

@@ -182,3 +182,62 @@ def test_credentials_written_into_a_url_are_masked(capture):
     output = stream.getvalue()
     assert "hunter2-pw" not in output and "bob" not in output and "token-xyz" not in output
     assert f"http://{MASK}@proxy.local:3128 refused; endpoint https://{MASK}@s3.local/b" in output
+
+
+# --- Spark's Python workers: the driver's format and scrubber, not Python's last-resort handler ---
+
+WORKER_SECRET = "w0rker-s3cret-value"
+WORKER_SCRIPT = r'''
+import dataclasses, json, sys
+from pathlib import Path
+import pyarrow as pa
+from sink_service.decode import RAW_SCHEMA
+from sink_service.kafka_source.admission import Range
+from sink_service.logs import WorkerLogging
+from sink_service.partition_task import process_range
+from tests.unit.test_partition_task import spec
+
+secret = sys.argv[2]
+task = dataclasses.replace(spec(Path(sys.argv[1]), "skip"), logging=WorkerLogging("INFO", True, (secret,)))
+topic = "orders-" + secret  # reaches the "skipped bad record" warning, as a leaked credential would
+
+def read(rng):
+    yield pa.RecordBatch.from_pylist([{"topic": topic, "partition": 0, "offset": 0, "timestamp_ms": 0,
+        "key": None, "value": b"{not json", "headers": None}], schema=RAW_SCHEMA)
+
+print(process_range(task, Range(topic, 0, 0, 1), read).to_pylist()[0]["status"])
+'''
+
+
+def test_a_worker_logs_as_the_driver_does_json_and_scrubbed(tmp_path):
+    """A fresh interpreter stands for a Spark Python worker: nothing configured its logging."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", WORKER_SCRIPT, str(tmp_path), WORKER_SECRET],
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines, "the bad record is logged"
+    events = [json.loads(line) for line in lines]  # every line JSON: none bare through the last-resort handler
+    assert any(e["logger"] == "sink_service.task" and "skipped bad record" in e["message"] for e in events), events
+    assert WORKER_SECRET not in done.stderr and MASK in done.stderr
+
+
+def test_the_task_spec_carries_the_drivers_logging_and_never_shows_its_secrets():
+    from sink_service import logs
+    from sink_service.decode import DecodeSpec
+    from sink_service.partition_task import TaskSpec
+    from sink_service.targets import build_target
+
+    root = logging.getLogger()
+    before = (list(root.handlers), root.level)
+    try:
+        logs.configure("INFO", [WORKER_SECRET], json_format=True)
+        task = TaskSpec(DecodeSpec(None, ("id",), "_offset"), None, build_target, "{topic}", "/tmp", 1, 1,
+                        "snappy", "skip")
+    finally:
+        root.handlers[:], _ = before[0], root.setLevel(before[1])
+    assert task.logging == logs.WorkerLogging("INFO", True, (WORKER_SECRET,))
+    assert WORKER_SECRET not in repr(task)
