@@ -223,8 +223,11 @@ class SinkConfig:
         "SINK_DLQ_TOPIC", "Dead-letter topic, on the source cluster, for `SINK_ERROR_POLICY=dlq` (required "
         "then): each bad record's original key, value and headers, plus `sink.error.kind`, "
         "`sink.error.message`, `sink.source.topic`, `sink.source.partition`, `sink.source.offset` and "
-        "`sink.source.timestamp` headers, produced with `acks=all`. A topic that cannot be written holds "
-        "the partition at the bad record (not ready) until it can. Replay with "
+        "`sink.source.timestamp` headers, produced with `acks=all`. A broker that cannot be reached holds "
+        "the partition at the bad record (not ready) until it can; a topic that can never take it (not "
+        "authorised, an invalid name, missing and not created, compacted with a keyless record) stops the "
+        "service with exit 3. A dead letter too large for the topic is cut to fit and marked "
+        "`sink.truncated=true`. Replay with "
         "`python -m sink_service.dead_letters replay`.", group="Records")
     max_identical_failures: int = setting(
         "SINK_MAX_IDENTICAL_FAILURES", "A partition whose replay fails this many times in a row at the "
