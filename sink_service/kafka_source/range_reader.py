@@ -9,7 +9,7 @@ one CI run).
 A record whose headers cannot be read (a header name that is not UTF-8: confluent-kafka reads names
 as text only and hands back neither that record's names nor its other headers) is still read: its
 headers become one `UNREADABLE_HEADERS` entry saying why, and the task makes it a bad record
-under SINK_ERROR_POLICY (`unreadable_headers`). Raising would fail the read, and the replay would
+under SINK_ERROR_POLICY (`invalid_header`). Raising would fail the read, and the replay would
 meet the same record again: a stalled partition.
 """
 
