@@ -1,0 +1,50 @@
+"""End to end against a broker that requires SASL_SSL (SCRAM-SHA-512, private CA): the service delivers
+and commits, and its password shows nowhere (output, command lines)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from devkit.kafka_data import Workload, create_topics, produce_orders
+from devkit.secured_broker import SecuredBroker, running_secured_broker
+from devkit.service_process import wait_until
+from tests.e2e.checks import all_commands, all_committed, table_matches
+
+pytestmark = pytest.mark.e2e
+
+USER = "sink-e2e"
+
+
+@pytest.fixture(scope="module")
+def secured(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredBroker]:
+    with running_secured_broker(bootstrap, {USER: secrets.token_urlsafe(18)},
+                                tmp_path_factory.mktemp("pki")) as broker:
+        yield broker
+
+
+def test_the_service_delivers_through_sasl_ssl(secured, bootstrap, ems, unique, service_env, services):
+    topic, group = unique("secured-orders"), unique("group")
+    create_topics(bootstrap, {topic: 2})
+    workload = Workload()
+    produce_orders(bootstrap, topic, keys=300, updates=2, workload=workload)
+    password = secured.users[USER]
+    since = time.monotonic()
+    env = service_env(topic, group, SINK_FLUSH_RECORDS=200,
+                      SINK_KAFKA_BOOTSTRAP_SERVERS=secured.bootstrap,
+                      SINK_KAFKA_SECURITY_PROTOCOL="SASL_SSL", SINK_KAFKA_SASL_MECHANISM="SCRAM-SHA-512",
+                      SINK_KAFKA_SASL_USERNAME=USER, SINK_KAFKA_SASL_PASSWORD=password,
+                      SINK_KAFKA_SSL_CA_LOCATION=str(secured.pki.ca_file))
+    service = services(env)
+    wait_until(lambda: table_matches(ems, topic, workload), 240, f"{topic} to converge", process=service)
+    wait_until(lambda: all_committed(bootstrap, group, topic, 2), 60, f"{topic} commits", process=service)
+    assert not [cmdline for cmdline in all_commands() if password in cmdline]
+    logins = [e for e in secured.gateway.logins() if e.at >= since]
+    assert {(e.user, e.mechanism) for e in logins} == {(USER, "SCRAM-SHA-512")}
+    assert service.terminate() == 0
+    assert password not in service.output()
+    refused = [e for e in secured.gateway.events if e.at >= since and e.outcome != "authenticated"]
+    assert not refused, refused
