@@ -348,10 +348,12 @@ class SinkConfig:
         "atomically (temporary `.<name>.tmp-<id>` file, fsync, rename). On a cluster every executor "
         "must see the same directory.", group="Target")
     rejected_file_policy: str = setting(
-        "SINK_REJECTED_FILE_POLICY", "A file the endpoint rejects as bad content (HTTP 400 or 413): "
-        "`fail` stops the service with exit 3; `park` writes it and the endpoint's answer to "
+        "SINK_REJECTED_FILE_POLICY", "A file the endpoint rejects as bad content (EMS: HTTP 400 or 413; S3: "
+        "`EntityTooLarge`): `fail` stops the service with exit 3; `park` writes it and the endpoint's answer to "
         "`SINK_PARKED_PATH`, commits its offsets, counts it in `sink_parked_files_total`, logs an "
-        "ERROR and continues. 401/403/404 are configuration problems and stop the service either way.",
+        "ERROR and continues. Every other rejection is a configuration problem and stops the service either "
+        "way: EMS's 401/403/404, and S3's credential, region and clock errors even when S3 sends them as "
+        "400 (`ExpiredToken`, `InvalidToken`, `AuthorizationHeaderMalformed`, `InvalidArgument`).",
         "fail", choices=("fail", "park"), group="Target")
     parked_path: str | None = setting(
         "SINK_PARKED_PATH", "Where rejected files are parked when `SINK_REJECTED_FILE_POLICY=park` (required "

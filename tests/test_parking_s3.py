@@ -110,3 +110,62 @@ def test_parked_path_urls_are_checked():
     assert "directory or an `s3://" in config_problems(ems_env(**park, SINK_PARKED_PATH="gs://bucket"))[0]
     plain_http = config_problems(ems_env(**park, SINK_PARKED_PATH="s3://b", SINK_S3_ENDPOINT_URL="http://minio:9000"))
     assert "SINK_S3_ALLOW_HTTP" in plain_http[0]
+
+
+# --- an S3 target whose rejections are about credentials or the region, never about the file -------------
+
+
+@pytest.fixture
+def scripted_s3():
+    from tests.test_uploader_s3 import ScriptedS3
+
+    server = ScriptedS3()
+    yield server
+    server.stop()
+
+
+def s3_target_environment(url: str, parked: Path) -> dict[str, str]:
+    return {
+        "SINK_KAFKA_BOOTSTRAP_SERVERS": "unused:9092", "SINK_TOPICS": "t", "SINK_PRIMARY_KEYS": "id",
+        "SINK_TARGET": "s3", "SINK_S3_BUCKET": "lake", "SINK_S3_ENDPOINT_URL": url, "SINK_S3_ALLOW_HTTP": "true",
+        "SINK_S3_REGION": REGION, "SINK_UPLOAD_RETRY_BUDGET_MS": "1000",
+        "SINK_REJECTED_FILE_POLICY": "park", "SINK_PARKED_PATH": str(parked),
+    }
+
+
+@pytest.mark.parametrize(("status", "code", "setting"), [
+    (400, "ExpiredToken", "AWS credentials"),  # expiring web-identity credentials
+    (400, "InvalidToken", "AWS credentials"),
+    (400, "AuthorizationHeaderMalformed", "SINK_S3_REGION"),  # signed for the wrong region
+    (400, "InvalidArgument", "SINK_S3_ENDPOINT_URL"),
+    (400, "InvalidRequest", "SINK_S3_ENDPOINT_URL"),
+    (400, None, "SINK_S3_BUCKET"),  # a 400 without an S3 error code says nothing about the file either
+    (403, "RequestTimeTooSkewed", "clock"),
+])
+def test_an_s3_credential_or_region_rejection_is_fatal_and_never_parked(tmp_path, scripted_s3, status, code, setting):
+    """S3 answers 400 to credential and region problems: parking on the status alone would set aside
+    every file while the credentials are expired, and commit their offsets."""
+    scripted_s3.default = (status, code)  # every request: the credentials stay expired
+    parked = tmp_path / "parked"
+    environ = s3_target_environment(scripted_s3.url, parked)
+    outcome = process_range(spec(tmp_path, environ), Range("t", 0, 0, 300), reader(topic_log(300, set())))
+    outcome = outcome.to_pylist()[0]
+
+    assert (outcome["status"], outcome["committable"]) == ("fatal", 0), outcome["error"]
+    assert not parked.exists() or not any(parked.rglob("*")), "nothing parked"
+    assert setting in outcome["error"]
+    assert len(scripted_s3.requests) == 1, "not retried: the first file's rejection stops the range"
+
+
+def test_an_s3_refusal_of_the_file_itself_is_parked(tmp_path, scripted_s3):
+    """EntityTooLarge is about this file (its size), like EMS's 413: parked, and the range goes on."""
+    scripted_s3.script.append((400, "EntityTooLarge"))
+    parked = tmp_path / "parked"
+    environ = s3_target_environment(scripted_s3.url, parked)
+    outcome = process_range(spec(tmp_path, environ), Range("t", 0, 0, 300), reader(topic_log(300, set())))
+    outcome = outcome.to_pylist()[0]
+
+    assert (outcome["status"], outcome["committable"], outcome["records_uploaded"]) == ("ok", 300, 200)
+    file = parked / "t" / "0" / f"{0:020d}-{99:020d}.parquet"
+    answer = json.loads(file.with_name(file.name + ".response.json").read_text())
+    assert (answer["status"], answer["reason"]) == (400, "s3_EntityTooLarge")

@@ -82,8 +82,9 @@ def test_a_400_parks_the_file_with_the_response_and_the_range_continues(tmp_path
     assert metrics.registry.get_sample_value("sink_files_uploaded_total", {"topic": "t", "partition": "0"}) == 2
 
 
-def test_a_401_is_still_fatal_and_nothing_is_parked(tmp_path, ems):
-    ems.inject_fault(401, count=1)
+@pytest.mark.parametrize("status", [401, 403, 404])
+def test_a_credential_or_endpoint_rejection_is_still_fatal_and_nothing_is_parked(tmp_path, ems, status):
+    ems.inject_fault(status, count=1)
     parked = tmp_path / "parked"
     outcome = process_range(
         spec(tmp_path, ems, parked), Range("t", 0, 0, 100), reader(topic_log(100, set()))).to_pylist()[0]

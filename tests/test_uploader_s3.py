@@ -298,6 +298,10 @@ def test_transient_codes_are_retryable(scripted, parquet_file, status, code):
     (404, "NoSuchBucket", BUCKET_SETTING),
     (400, "AuthorizationHeaderMalformed", REGION_SETTING),
     (400, "EntityTooLarge", "SINK_FLUSH_BYTES"),
+    (400, "ExpiredToken", CREDENTIALS_SETTING),  # S3 sends credential and region trouble as 400s too
+    (400, "InvalidToken", CREDENTIALS_SETTING),
+    (400, "InvalidArgument", "SINK_S3_ENDPOINT_URL"),
+    (403, "RequestTimeTooSkewed", "the system clock (NTP)"),
 ])
 def test_rejections_are_fatal_after_one_request(scripted, parquet_file, status, code, setting):
     scripted.script.append((status, code))

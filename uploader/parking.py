@@ -1,12 +1,14 @@
 """Parking: a file the endpoint rejects as bad content is set aside instead of stopping the service.
 
-Wraps any target. A FatalUploadError whose status says "this file's content" (400, 413) parks the
+Wraps any target. A FatalUploadError whose reason says "this file's content is refused" parks the
 file under SINK_PARKED_PATH, a directory or an S3 location, at the same deterministic path as the
 dir and S3 targets (`<topic>/<partition>/<first>-<last>.parquet`), with `<same>.response.json`
 beside it holding the endpoint's answer and the file's metadata; both are written atomically (a
-file renamed into place, or one S3 request each). Every other fatal error
-(401/403/404: configuration) still stops the service. A parking write that fails is retryable:
-the range is replayed, never skipped. `python -m uploader push <parked file>` re-pushes it.
+file renamed into place, or one S3 request each). Every other fatal error still stops the service,
+whatever its status: EMS's 401/403/404, and S3's 400s for an expired or invalid session token, a
+request signed for the wrong region or an argument the store does not take, are configuration, and
+parking them would set aside every file and commit its offsets. A parking write that fails is
+retryable: the range is replayed, never skipped. `python -m uploader push <parked file>` re-pushes it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import os
 import pathlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +33,20 @@ if TYPE_CHECKING:
 
 PARKED_TARGET = "parked"
 SIDECAR_SUFFIX = ".response.json"
-CONTENT_REJECTIONS = (400, 413)
+# What a rejection of one file's *content* looks like, per target name, as the error's reason. The
+# status alone never decides: S3 answers 400 to ExpiredToken, InvalidToken, InvalidArgument and
+# AuthorizationHeaderMalformed too. A target that is not listed never parks.
+CONTENT_REJECTIONS: Mapping[str, frozenset[str]] = {
+    # EMS: the file does not fit the table (400), or is larger than EMS takes (413).
+    "ems": frozenset({"http_400", "http_413"}),
+    # S3 does not read the file; only its size can be refused (or a 413 from a proxy in front).
+    "s3": frozenset({"s3_EntityTooLarge", "http_413"}),
+}
+
+
+def is_content_rejection(target_name: str, error: FatalUploadError) -> bool:
+    """True when `error` refuses this file's content, so parking it is right and its offsets may be committed."""
+    return error.reason in CONTENT_REJECTIONS.get(target_name, frozenset())
 
 
 @dataclass(frozen=True)
@@ -74,7 +90,7 @@ class ParkingTarget:
         try:
             return self.inner.upload(path, metadata, on_retry=on_retry)
         except FatalUploadError as exc:
-            if exc.status not in CONTENT_REJECTIONS:
+            if not is_content_rejection(self.inner.name, exc):
                 raise
             return self._park(path, metadata, exc, started)
 

@@ -74,6 +74,7 @@ _RETRYABLE_CODES = frozenset({
     "BadDigest", "IncompleteBody", "XAmzContentSHA256Mismatch", "OperationAborted", "NoSuchUpload",
     "PriorRequestNotComplete",
 })
+CLOCK_SETTING = "the system clock (NTP)"
 _ACCESS_ADVICE = (
     "the credentials boto3 found may not write here; grant s3:PutObject and s3:AbortMultipartUpload "
     "on arn:aws:s3:::<bucket>/<prefix>/* to the user or role, or provide other credentials"
@@ -90,10 +91,31 @@ _HINTS_BY_CODE = {
         "store changed the request)",
     ),
     "InvalidToken": FatalHint(CREDENTIALS_SETTING, "the session token is malformed or invalid"),
-    "ExpiredToken": FatalHint(CREDENTIALS_SETTING, "the session token has expired"),
+    "ExpiredToken": FatalHint(
+        CREDENTIALS_SETTING,
+        "the session token has expired; give boto3 credentials it can renew (a role, or a web-identity "
+        "token file that is refreshed) instead of a fixed AWS_SESSION_TOKEN",
+    ),
+    "TokenRefreshRequired": FatalHint(CREDENTIALS_SETTING, "the session token must be refreshed"),
+    "MissingSecurityHeader": FatalHint(CREDENTIALS_SETTING, "the request carries no credentials the store takes"),
+    "InvalidSecurity": FatalHint(CREDENTIALS_SETTING, "the store does not accept these credentials"),
+    "CredentialsNotSupported": FatalHint(CREDENTIALS_SETTING, "the store does not accept these credentials"),
+    "RequestTimeTooSkewed": FatalHint(
+        CLOCK_SETTING, "this machine's clock is more than 15 minutes away from the store's; sync it (NTP)"),
+    "RequestExpired": FatalHint(
+        CLOCK_SETTING, "the request's signature expired; this machine's clock is probably wrong"),
     "AccountProblem": FatalHint(CREDENTIALS_SETTING, "the account behind the credentials is not in good standing"),
     "PermanentRedirect": FatalHint(REGION_SETTING, "the bucket lives in another region"),
     "AuthorizationHeaderMalformed": FatalHint(REGION_SETTING, "the request was signed for the wrong region"),
+    "InvalidRegion": FatalHint(REGION_SETTING, "the request was signed for a region the store does not serve"),
+    "InvalidArgument": FatalHint(
+        ENDPOINT_URL_SETTING,
+        "the store refused an argument of the request (a header, checksum or signing style it does not "
+        "take, or one its bucket policy requires); the server's message says which",
+    ),
+    "InvalidRequest": FatalHint(
+        ENDPOINT_URL_SETTING, "the store refused the request as made; the server's message says why"),
+    "KeyTooLongError": FatalHint(PREFIX_SETTING, "the object key is longer than the store accepts"),
     "EntityTooLarge": FatalHint(FILE_SIZE_SETTING, "the file is larger than the store accepts in one request"),
     "EntityTooSmall": FatalHint(PART_SIZE_SETTING, "a part is smaller than the store's minimum part size"),
     "NotImplemented": FatalHint(ENDPOINT_URL_SETTING, "the store does not implement this request"),
