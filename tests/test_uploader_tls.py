@@ -285,3 +285,29 @@ def test_the_schema_registry_is_verified_against_the_ca_bundle(https, certificat
     trusted = RegistryClient(RegistrySettings(https.url, ca_bundle=str(certificate[0])))
     assert trusted.schema(1) == {"schema": '"string"'}
     assert https.requests[-1].startswith("GET /schemas/ids/1")
+
+
+@pytest.mark.parametrize("variable", ["REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"])
+def test_the_registry_ca_bundle_wins_over_the_environment(https, certificate, tmp_path, monkeypatch, variable):
+    """requests lets REQUESTS_CA_BUNDLE/CURL_CA_BUNDLE replace a session's `verify`; SINK_TLS_CA_BUNDLE must not
+    be replaced: verified against it whatever those say, in both directions."""
+    from sink_service.decode.registry import RegistryClient, RegistryRefused, RegistrySettings
+
+    unrelated, _ = self_signed(tmp_path, "unrelated-ca")
+    monkeypatch.setenv(variable, str(unrelated))
+    trusted = RegistryClient(RegistrySettings(https.url, ca_bundle=str(certificate[0])))
+    assert trusted.schema(1) == {"schema": '"string"'}
+
+    monkeypatch.setenv(variable, str(certificate[0]))  # the environment trusts the registry, the setting does not
+    with pytest.raises(RegistryRefused, match="SINK_TLS_CA_BUNDLE"):
+        RegistryClient(RegistrySettings(https.url, ca_bundle=str(unrelated))).schema(2)
+
+
+@pytest.mark.parametrize("make_target", [ems_target, s3_target], ids=["ems", "s3"])
+def test_the_upload_ca_bundle_wins_over_the_environment(https, parquet_file, certificate, tmp_path, monkeypatch,
+                                                        make_target):
+    unrelated, _ = self_signed(tmp_path, "unrelated-ca")
+    for variable in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "AWS_CA_BUNDLE"):
+        monkeypatch.setenv(variable, str(unrelated))
+    with make_target(https, certificate[0]) as target:
+        assert target.upload(parquet_file, metadata()).attempts == 1

@@ -9,7 +9,9 @@ An id the registry does not know (404) is the record's fault: a bad record (`unk
 A registry that cannot answer (connection refused, timeout, 5xx, 429) is an outage: retried with
 backoff, then `RegistryUnavailable`, which the task reports as a retryable outage, never as bad
 records. A registry refusing the credentials (401, 403) is `RegistryRefused`, never retried
-(retrying a bad credential can lock the account): the service stops naming the setting.
+(retrying a bad credential can lock the account): the service stops naming the setting. The
+registry's certificate is verified against SINK_TLS_CA_BUNDLE when it is set, whatever
+REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE say.
 """
 
 from __future__ import annotations
@@ -96,7 +98,9 @@ class RegistryClient:
         self.base = settings.url.rstrip("/")
         self.shown = mask_userinfo(self.base)  # what errors name: never credentials written into the URL
         self.session = requests.Session()
-        self.session.verify = settings.ca_bundle or True
+        # Passed with every request, not set on the session: requests lets REQUESTS_CA_BUNDLE and
+        # CURL_CA_BUNDLE replace a session's `verify`, but never one given to the request itself.
+        self._verify: str | bool = settings.ca_bundle or True
         if settings.basic_auth:
             user, _, password = settings.basic_auth.partition(":")
             self.session.auth = (user, password)
@@ -127,7 +131,7 @@ class RegistryClient:
         # `format=serialized`: Protobuf schemas as a base64 FileDescriptorProto, which needs no .proto parser.
         url = f"{self.base}/{path}"
         try:
-            response = self.session.get(url, params={"format": "serialized"}, timeout=_TIMEOUT_S)
+            response = self.session.get(url, params={"format": "serialized"}, timeout=_TIMEOUT_S, verify=self._verify)
         except requests.RequestException as exc:
             if is_certificate_failure(exc):  # a configuration problem: asking again cannot help
                 raise RegistryRefused(
