@@ -136,3 +136,37 @@ def test_by_default_a_rejection_is_not_parked():
     assert not isinstance(target_settings(load_config(BASE)), ParkingSettings)
     parked = target_settings(load_config({**BASE, "SINK_REJECTED_FILE_POLICY": "park", "SINK_PARKED_PATH": "/p"}))
     assert isinstance(parked, ParkingSettings) and parked.parked.path == "/p"
+
+
+def test_the_sidecar_rename_is_made_durable_by_fsyncing_its_directory(tmp_path, ems, monkeypatch):
+    """Without the directory's fsync a power loss after the offsets' commit can lose the sidecar's name."""
+    import os
+
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src, dst) -> None:
+        real_replace(src, dst)
+        events.append(("rename", str(dst)))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    ems.inject_fault(400, count=1)
+    parked = tmp_path / "parked"
+    retry = RetryPolicy(max_elapsed_s=1)
+    target = build_target(ParkingSettings(
+        inner=EmsSettings(endpoint=ems.items_url(), authorization=AUTH, retry=retry),
+        parked=DirectorySettings(path=str(parked), retry=retry)))
+    path = tmp_path / "f.parquet"
+    pq.write_table(pa.table({"id": ["a"]}), path)
+    receipt = target.upload(path, FileMetadata("t", 0, 0, 0, 1, "t", ("id",), None, "x"))
+    target.close()
+
+    sidecar = receipt.location + ".response.json"
+    assert ("rename", sidecar) in events
+    after = events[events.index(("rename", sidecar)) + 1:]
+    assert ("fsync", str(Path(sidecar).parent)) in after, events

@@ -4,25 +4,26 @@ Wraps any target. A FatalUploadError whose reason says "this file's content is r
 file under SINK_PARKED_PATH, a directory or an S3 location, at the same deterministic path as the
 dir and S3 targets (`<topic>/<partition>/<first>-<last>.parquet`), with `<same>.response.json`
 beside it holding the endpoint's answer and the file's metadata; both are written atomically (a
-file renamed into place, or one S3 request each). Every other fatal error still stops the service,
-whatever its status: EMS's 401/403/404, and S3's 400s for an expired or invalid session token, a
-request signed for the wrong region or an argument the store does not take, are configuration, and
-parking them would set aside every file and commit its offsets. A parking write that fails is
-retryable: the range is replayed, never skipped. `python -m uploader push <parked file>` re-pushes it.
+file renamed into place and its directory fsynced, or one S3 request each). Every other fatal error
+still stops the service, whatever its status: EMS's 401/403/404, and S3's 400s for an expired or
+invalid session token, a request signed for the wrong region or an argument the store does not
+take, are configuration, and parking them would set aside every file and commit its offsets. A
+parking write that fails is retryable: the range is replayed, never skipped.
+`python -m uploader push <parked file>` re-pushes it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
-import os
 import pathlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from uploader.directory import DirectorySettings, DirectoryTarget, temp_name
+from uploader.directory import DirectorySettings, DirectoryTarget, write_atomically
 from uploader.errors import FatalUploadError, RetryableUploadError, UploadError
 from uploader.retry import OnRetry
 from uploader.s3_settings import S3Settings
@@ -127,13 +128,7 @@ class ParkingTarget:
 
 
 def _write_atomically(final: pathlib.Path, document: dict[str, Any]) -> None:
-    """Temporary file in the same directory, fsync, rename: readers see all of it or nothing."""
-    temp = final.with_name(temp_name(final.name))
-    try:
-        with open(temp, "w", encoding="utf-8") as out:
-            json.dump(document, out, indent=2, ensure_ascii=False)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, final)
-    finally:
-        temp.unlink(missing_ok=True)
+    """The directory target's atomic write (temporary file, fsync, rename, fsync of the directory):
+    readers see all of it or nothing, and the sidecar's name survives a power loss after the commit."""
+    body = json.dumps(document, indent=2, ensure_ascii=False).encode()
+    write_atomically(io.BytesIO(body), final)
