@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from sink_service.decode.bad_records import BadRecord
+from sink_service.kafka_source.access import AccessWatch, KafkaAccessRefused
 
 log = logging.getLogger("sink_service.dead_letters")
 
@@ -60,6 +62,7 @@ _TOO_LARGE = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE}
 
 # (client settings as sorted pairs) -> producer: one per Python worker, reused across tasks.
 _producers: dict[Hashable, Producer] = {}
+_access: dict[Hashable, AccessWatch] = {}
 
 
 @dataclass(frozen=True)
@@ -93,13 +96,27 @@ def producer_config(client_config: Mapping[str, str]) -> dict[str, object]:
 def _producer(spec: DeadLetterSpec) -> Producer:
     producer = _producers.get(spec.client_config)
     if producer is None:
-        producer = _producers[spec.client_config] = Producer(producer_config(dict(spec.client_config)))
+        # Its error callback: a refused login or certificate ends the range at once (see `access`).
+        watch = _access[spec.client_config] = AccessWatch()
+        producer = _producers[spec.client_config] = Producer(
+            {**producer_config(dict(spec.client_config)), "error_cb": watch})
     return producer
+
+
+def _flush(producer: Producer, spec: DeadLetterSpec) -> None:
+    """Wait for the acknowledgements in steps; KafkaAccessRefused as soon as the login is refused."""
+    deadline = time.monotonic() + DELIVERY_TIMEOUT_MS / 1000 + _FLUSH_MARGIN_S
+    while producer.flush(min(0.5, max(0.0, deadline - time.monotonic()))) > 0 and time.monotonic() < deadline:
+        watch = _access.get(spec.client_config)
+        if watch is not None and watch.refused is not None:
+            _discard_producer(spec)
+            watch.check()
 
 
 def _discard_producer(spec: DeadLetterSpec) -> None:
     """After a failure: what is still queued must not arrive later, and an idempotent producer that
     hit an error may be unusable, so the next range starts with a new one."""
+    _access.pop(spec.client_config, None)
     producer = _producers.pop(spec.client_config, None)
     if producer is not None:
         producer.purge()
@@ -294,7 +311,12 @@ class DeadLetters:
         if not self._sent:
             return
         producer = _producer(self.spec)
-        producer.flush(DELIVERY_TIMEOUT_MS / 1000 + _FLUSH_MARGIN_S)
+        try:
+            _flush(producer, self.spec)
+        except KafkaAccessRefused:
+            self._failures.clear()
+            self._refused.clear()
+            raise
         if self._too_large:
             self._send_too_large(producer)
         for offset in self._unacknowledged:  # left after the flush: timed out

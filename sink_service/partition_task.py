@@ -26,6 +26,7 @@ from sink_service.decode import BadRecord, DecodedChunk, DecodeSpec, decode
 from sink_service.decode.column_types import encode_schema
 from sink_service.decode.compact import FileCompactor
 from sink_service.decode.registry import RegistryRefused, RegistryUnavailable
+from sink_service.kafka_source.access import KafkaAccessRefused
 from sink_service.kafka_source.admission import Range
 from sink_service.kafka_source.range_reader import unreadable_headers
 from sink_service.logs import WorkerLogging, configure_worker, current
@@ -238,6 +239,10 @@ class _RangeProcessor:
             return
         try:
             self._dead_letters.settle(committable)
+        except KafkaAccessRefused as exc:
+            self.outcome.error_kind = ERROR_DEAD_LETTER
+            self._stop(STATUS_FATAL, f"producing dead letters to {self._dead_letters.spec.topic}: {exc} (nothing "
+                                     f"from offset {self.outcome.committable} on is committed)")
         except DeadLetterRefused as exc:
             self.outcome.error_kind = ERROR_DEAD_LETTER
             self._stop(STATUS_FATAL, f"{exc} (offset {self.outcome.committable} on). Fix SINK_DLQ_TOPIC as said "
@@ -341,6 +346,8 @@ def _reading(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             raw = next(batches)
         except StopIteration:
             return
+        except KafkaAccessRefused:
+            raise  # not an outage: retrying cannot fix the credentials or the CA
         except Exception as exc:
             raise _ReadFailed(f"{type(exc).__name__}: {exc}") from exc
         yield raw
@@ -423,6 +430,9 @@ def process_range(
             processor.finish()
     except _StopRange:
         processor.writer.abandon()
+    except KafkaAccessRefused as exc:
+        processor.writer.abandon()
+        o.status, o.error_kind, o.error = STATUS_FATAL, ERROR_READ, str(exc)
     except _ReadFailed as exc:
         processor.writer.abandon()
         o.status, o.error_kind, o.error = STATUS_RETRYABLE, ERROR_READ, f"reading from Kafka failed: {exc}"

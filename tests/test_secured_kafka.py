@@ -26,6 +26,7 @@ from sink_service import dead_letters
 from sink_service.config import load_config
 from sink_service.dead_letters import DeadLetterSpec
 from sink_service.kafka_source import range_reader
+from sink_service.kafka_source.access import KafkaAccessRefused
 from sink_service.kafka_source.admission import Range
 from sink_service.kafka_source.membership import GroupMembership
 from sink_service.kafka_source.offsets import KafkaOffsets
@@ -204,3 +205,59 @@ def test_a_bad_credential_or_ca_is_reported_by_librdkafka_at_once(secured: Secur
     else:
         assert "invalid credentials" in first[1]
         assert secured.users[USER] not in first[1]
+
+
+# --- a refused login or certificate ends each client at once, naming the setting to fix -------------
+
+SETTING_TO_FIX = {"wrong-password": "SINK_KAFKA_SASL_PASSWORD", "unknown-user": "SINK_KAFKA_SASL_USERNAME",
+                  "untrusted-ca": "SINK_KAFKA_SSL_CA_LOCATION"}
+
+
+def refused_client_config(secured: SecuredBroker, fault: str) -> dict[str, str]:
+    overrides, _ = FAULTS[fault]
+    if fault == "untrusted-ca":
+        overrides = {"SINK_KAFKA_SSL_CA_LOCATION": str(secured.pki.other_ca_file)}
+    return {**service_client_config(secured, "SCRAM-SHA-512", **overrides), "log_level": "0"}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_the_offsets_client_stops_at_a_refusal_naming_the_setting(secured: SecuredBroker, fault: str):
+    offsets = KafkaOffsets(refused_client_config(secured, fault), "refused-group")
+    start = time.monotonic()
+    with pytest.raises(KafkaAccessRefused, match=SETTING_TO_FIX[fault]) as refused:
+        offsets.latest([("orders", 0)])
+    assert time.monotonic() - start < 5, "waited for the request timeout instead of the refusal"
+    assert secured.users[USER] not in str(refused.value)
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_the_group_member_fails_at_a_refusal_naming_the_setting(secured: SecuredBroker, fault: str):
+    member = GroupMembership(refused_client_config(secured, fault), f"refused-{fault}", ["orders"], 30_000,
+                             lambda: True, 10, f"instance-refused-{fault}")
+    member.start()
+    try:
+        assert member.wait_assignment(10) is None
+        assert member.failure is not None and SETTING_TO_FIX[fault] in member.failure, member.failure
+    finally:
+        member.close()
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_the_range_reader_stops_at_a_refusal_naming_the_setting(secured: SecuredBroker, fault: str):
+    config = consumer_config(refused_client_config(secured, fault), f"refused-reader-{fault}")
+    start = time.monotonic()
+    with pytest.raises(KafkaAccessRefused, match=SETTING_TO_FIX[fault]):
+        list(read_range(Range("orders", 0, 0, 10), config, 1 << 30))
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_the_dead_letter_producer_stops_the_range_at_a_refusal(secured: SecuredBroker, fault: str, tmp_path: Path):
+    task = dataclasses.replace(dead_letter_task(tmp_path, secured.bootstrap, "refused-dlq"),
+                               dead_letters=DeadLetterSpec.of("refused-dlq", refused_client_config(secured, fault)))
+    start = time.monotonic()
+    outcome = process_range(task, Range("src", 3, 0, 300), reader(300, {7})).to_pylist()[0]
+    assert outcome["status"] == "fatal", outcome
+    assert SETTING_TO_FIX[fault] in outcome["error"], outcome["error"]
+    assert outcome["committable"] <= 7
+    assert time.monotonic() - start < 10

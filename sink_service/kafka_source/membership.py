@@ -30,6 +30,8 @@ from dataclasses import dataclass, field, replace
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from sink_service.kafka_source.access import AccessWatch, KafkaAccessRefused
+
 log = logging.getLogger(__name__)
 
 TP = tuple[str, int]
@@ -75,6 +77,7 @@ class GroupMembership:
     def __init__(self, client_config: Mapping[str, str], group_id: str, subscription: list[str],
                  refresh_interval_ms: int, batch_idle: Callable[[], bool], revoke_wait_s: float,
                  instance_id: str, on_change: Callable[[frozenset[TP] | None], None] = lambda _assigned: None):
+        self._access = AccessWatch()
         config = {
             "session.timeout.ms": DEFAULT_SESSION_TIMEOUT_MS,
             **client_config,  # SINK_KAFKA_* cannot override what follows: the config refuses those names
@@ -89,6 +92,7 @@ class GroupMembership:
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "topic.metadata.refresh.interval.ms": refresh_interval_ms,  # new topics and partitions
+            "error_cb": self._access,  # a refused login or certificate ends the member: see `access`
         }
         self._config = config
         self._consumer = Consumer(config)
@@ -175,9 +179,11 @@ class GroupMembership:
     def _die(self, exc: BaseException) -> None:
         """The member thread ends by an error: nothing polls, commits, or follows a rebalance any
         more. Give up the assignment and say why; the service stops on `failure`."""
-        self.failure = (f"the consumer group member of {self._group_id} stopped: {type(exc).__name__}: {exc}; "
+        self.failure = (str(exc) if isinstance(exc, KafkaAccessRefused) else
+                        f"the consumer group member of {self._group_id} stopped: {type(exc).__name__}: {exc}; "
                         "no commit can be made without it")
-        log.error("%s", self.failure, exc_info=exc)
+        if not isinstance(exc, KafkaAccessRefused):  # that one is said once, by the service as it stops
+            log.error("%s", self.failure, exc_info=exc)
         self._state = _State(self._state.epoch + 1)
         self._on_change(None)
         self._serve_commits()  # each answered with the failure
@@ -186,6 +192,7 @@ class GroupMembership:
         while not self._closing.is_set():
             self._serve_commits()
             message = self._consumer.poll(POLL_S)  # never a record: every assigned partition is paused
+            self._access.check()
             error = message.error() if message is not None else None
             if error is not None:
                 self._report(error)

@@ -7,6 +7,7 @@ reads them (and where to start); the group member (`membership.py`) commits.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from typing import TypeVar
@@ -14,6 +15,7 @@ from typing import TypeVar
 from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from sink_service.kafka_source.access import AccessWatch
 from sink_service.kafka_source.positions import TP, OffsetGapError
 
 log = logging.getLogger(__name__)
@@ -26,7 +28,8 @@ class KafkaOffsets:
     """Thin, explicit wrapper over the admin API; every call is a round trip to the brokers."""
 
     def __init__(self, client_config: Mapping[str, str], group_id: str):
-        self._config = dict(client_config)
+        self._access = AccessWatch()
+        self._config = {**client_config, "error_cb": self._access}
         self._admin = AdminClient(self._config)
         self._group_id = group_id
 
@@ -35,13 +38,32 @@ class KafkaOffsets:
 
         After a broker restart an AdminClient can keep timing out on the group coordinator
         (list_consumer_group_offsets, seen with noida-db) while a new client is answered at once.
+        A refused login or certificate raises `KafkaAccessRefused` as soon as librdkafka reports it
+        (polling serves the error callback), not after the request's timeout.
         """
+        while not future.done():
+            self._admin.poll(0.1)
+            self._access.check()
         try:
             return future.result()
         except KafkaException as exc:
+            self._access.check()
             if exc.args and exc.args[0].code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT):
                 self._admin = AdminClient(self._config)
             raise
+
+    def _refresh_metadata(self) -> None:
+        """In steps of a second, so that a refused login is reported at once rather than after 30 s."""
+        deadline = time.monotonic() + _TIMEOUT_S
+        while True:
+            try:
+                self._admin.list_topics(timeout=1.0)
+                return
+            except KafkaException:
+                self._admin.poll(0)
+                self._access.check()
+                if time.monotonic() >= deadline:
+                    raise
 
     def _list_offsets(self, tps: Iterable[TP], spec: OffsetSpec) -> dict[TP, int]:
         request = {TopicPartition(t, p): spec for t, p in tps}
@@ -88,7 +110,7 @@ class KafkaOffsets:
         """
         # The group may assign partitions newer than this client's cached metadata, and offset
         # lookups for those fail (unknown partition) until it is refreshed.
-        self._admin.list_topics(timeout=_TIMEOUT_S)
+        self._refresh_metadata()
         everything_committed = self.committed(None)
         committed = {tp: everything_committed[tp] for tp in tps if tp in everything_committed}
         new = [f"{t}:{p}" for t, p in tps if (t, p) not in committed]

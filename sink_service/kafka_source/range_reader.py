@@ -28,6 +28,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from sink_service.decode.headers import HEADERS
 from sink_service.decode.raw import RAW_SCHEMA
+from sink_service.kafka_source.access import AccessWatch
 from sink_service.kafka_source.admission import Range
 from sink_service.kafka_source.heap_release import release_if_grown
 
@@ -44,6 +45,7 @@ RECONNECT_AFTER_S = 10.0
 UNREADABLE_HEADERS = "\x00unreadable-headers"
 
 _consumers: dict[tuple[tuple[str, str], ...], Consumer] = {}
+_access: dict[tuple[tuple[str, str], ...], AccessWatch] = {}
 
 
 def consumer_config(client_config: Mapping[str, str], group_id: str) -> dict[str, object]:
@@ -76,15 +78,25 @@ def _key(config: Mapping[str, object]) -> tuple[tuple[str, str], ...]:
 
 
 def _consumer(config: Mapping[str, object]) -> Consumer:
+    """The cached consumer for `config`; its error callback (a callable cannot travel in Spark's
+    options) is set here, so a refused login or certificate ends the read at once (see `access`)."""
     key = _key(config)
     consumer = _consumers.get(key)
     if consumer is None:
-        consumer = _consumers[key] = Consumer(dict(config))
+        watch = _access[key] = AccessWatch()
+        consumer = _consumers[key] = Consumer({**config, "error_cb": watch})
     return consumer
+
+
+def _check_access(config: Mapping[str, object]) -> None:
+    watch = _access.get(_key(config))
+    if watch is not None:
+        watch.check()
 
 
 def _discard(config: Mapping[str, object]) -> None:
     """Close the cached consumer, if any: the next read makes a new one."""
+    _access.pop(_key(config), None)
     consumer = _consumers.pop(_key(config), None)
     if consumer is not None:
         with contextlib.suppress(KafkaException, RuntimeError):
@@ -163,6 +175,7 @@ def read_range(rng: Range, config: Mapping[str, object], max_batch_bytes: int) -
         last_progress = last_consumer = time.monotonic()
         while position < rng.end:
             messages = consumer.consume(num_messages=min(BATCH_RECORDS, rng.end - position), timeout=1.0)
+            _check_access(config)
             for message in messages:
                 error = message.error()
                 if error is not None:

@@ -48,3 +48,26 @@ def test_the_service_delivers_through_sasl_ssl(secured, bootstrap, ems, unique, 
     assert password not in service.output()
     refused = [e for e in secured.gateway.events if e.at >= since and e.outcome != "authenticated"]
     assert not refused, refused
+
+
+@pytest.mark.parametrize(("fault", "setting"), [("wrong-password", "SINK_KAFKA_SASL_PASSWORD"),
+                                                ("untrusted-ca", "SINK_KAFKA_SSL_CA_LOCATION")])
+def test_a_refused_login_or_certificate_stops_the_service_naming_the_setting(
+        secured, bootstrap, unique, service_env, services, fault, setting):
+    topic, group = unique("secured-refused"), unique("group")
+    create_topics(bootstrap, {topic: 1})
+    env = service_env(topic, group, SINK_KAFKA_BOOTSTRAP_SERVERS=secured.bootstrap,
+                      SINK_KAFKA_SECURITY_PROTOCOL="SASL_SSL", SINK_KAFKA_SASL_MECHANISM="SCRAM-SHA-512",
+                      SINK_KAFKA_SASL_USERNAME=USER, SINK_KAFKA_SASL_PASSWORD=secured.users[USER],
+                      SINK_KAFKA_SSL_CA_LOCATION=str(secured.pki.ca_file))
+    if fault == "wrong-password":
+        env["SINK_KAFKA_SASL_PASSWORD"] = "not-the-password-" + secrets.token_urlsafe(8)
+    else:
+        env["SINK_KAFKA_SSL_CA_LOCATION"] = str(secured.pki.other_ca_file)
+    started = time.monotonic()
+    service = services(env)
+    assert service.wait(60) == 3, service.output()[-3000:]
+    assert time.monotonic() - started < 30, f"stopped after {time.monotonic() - started:.0f}s"
+    stopping = [line for line in service.output().splitlines() if "stopping:" in line]
+    assert len(stopping) == 1 and setting in stopping[0], stopping
+    assert env["SINK_KAFKA_SASL_PASSWORD"] not in service.output()
