@@ -168,7 +168,7 @@ def _locked(package: str) -> str:
 
 def test_a_java_home_without_java_is_named_before_spark_starts(environ, tmp_path: Path):
     os.environ["JAVA_HOME"] = str(tmp_path / "no-jdk")
-    with pytest.raises(java_home.JavaNotFound, match="JAVA_HOME=.*no-jdk holds no executable bin/java"):
+    with pytest.raises(java_home.JavaNotFound, match=r"JAVA_HOME=.*no-jdk holds no executable bin/java"):
         java_home.require_java(share=tmp_path / "share")
 
 
