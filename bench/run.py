@@ -48,7 +48,7 @@ from bench.workload import Produced, WorkloadSpec, build_records, produce
 from devkit.brokers import running_broker
 from devkit.kafka_data import create_topics, end_offsets
 from local_ems.server import LocalEmsServer
-from sink_service.java_home import resolve_java
+from sink_service.startup.java_home import resolve_java
 
 AUTHORIZATION = "AppKey bench-key"
 RESULTS = BENCH / "results"

@@ -27,11 +27,11 @@ from confluent_kafka import Producer
 from bench.workload import WorkloadSpec, build_records
 from devkit.brokers import free_port, running_broker
 from devkit.kafka_data import create_topics
+from sink_service.config.upload_targets import build_target
 from sink_service.decode import DecodeSpec
-from sink_service.kafka_source import range_reader
-from sink_service.kafka_source.admission import Range
-from sink_service.partition_task import TaskSpec, process_range
-from sink_service.targets import build_target
+from sink_service.task import range_reader
+from sink_service.task.partition_task import TaskSpec, process_range
+from sink_service.task.ranges import Range
 from uploader.ems import EmsSettings
 from uploader.target import UploadTarget
 

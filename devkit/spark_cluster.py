@@ -18,7 +18,7 @@ from pathlib import Path
 import requests
 
 from devkit.brokers import free_port
-from sink_service.java_home import resolve_java
+from sink_service.startup.java_home import resolve_java
 
 
 def _spark_class() -> str:

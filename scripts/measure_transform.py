@@ -95,7 +95,7 @@ def main() -> None:
     timed("decode (reference)", lambda: decode(raw, spec).segments[0].num_rows, args.rounds)
     timed("duckdb (in the task)", lambda: transform.apply(rows).num_rows, args.rounds)
 
-    from sink_service.spark_session import start_spark
+    from sink_service.startup.spark_session import start_spark
 
     started = time.perf_counter()
     spark = start_spark(config)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 # Only light imports before `main` holds the stop signals: the rest are imported in it.
 from sink_service import __version__
-from sink_service.stop_signals import hold_stop_signals
+from sink_service.startup.stop_signals import hold_stop_signals
 
 if TYPE_CHECKING:
     from sink_service.config import SinkConfig
@@ -52,7 +52,7 @@ def main() -> int:
         print(f"sink-service: {exc}", file=sys.stderr)
         print("See the configuration reference in README.md.", file=sys.stderr)
         return 2
-    from sink_service.java_home import JavaNotFound, require_java
+    from sink_service.startup.java_home import JavaNotFound, require_java
 
     try:
         require_java()
@@ -63,7 +63,7 @@ def main() -> int:
     versions = _versions()
     log.info("starting kafka-parquet-sink %s", versions, extra={"fields": {"event": "start", **versions}})
     log.info("configuration %s", config.masked(), extra={"fields": {"event": "config", "config": config.masked()}})
-    from sink_service.service import SinkService
+    from sink_service.driver.service import SinkService
 
     return SinkService(config, versions).run()
 

@@ -16,8 +16,8 @@ Exit codes: 0 ok, 2 usage or configuration error, 3 the target rejected the uplo
 help; the message names the setting to fix), 4 a transient error outlasted the retry budget
 (SINK_UPLOAD_RETRY_BUDGET_MS). Credentials are never printed.
 
-Only this module touches the service's configuration (`sink_service.config`, `sink_service.targets`,
-both free of Spark), and only inside functions, so the rest of the package stays independent.
+The SINK_* configuration is the service's: its distribution plugs it in through the
+`uploader.config` entry point (see `_service`), so the uploader imports nothing of it.
 """
 
 from __future__ import annotations
@@ -57,6 +57,23 @@ PROG = "python -m uploader"
 
 class UsageError(Exception):
     """Bad arguments or configuration: exit code 2."""
+
+
+CONFIG_ENTRY_POINTS = "uploader.config"  # the distribution that declares SINK_* registers its module here
+
+
+def _service(*names: str) -> tuple[Any, ...]:
+    """Names of the SINK_* configuration, from the module its distribution registers under the
+    `uploader.config` entry point (this project's pyproject.toml: `sink_service.config.for_uploader`): the
+    uploader imports nothing of the service; the service plugs its configuration in."""
+    from importlib.metadata import entry_points
+
+    found = sorted(entry_points(group=CONFIG_ENTRY_POINTS), key=lambda ep: ep.name)
+    if not found:
+        raise UsageError("no SINK_* configuration is installed (entry point group uploader.config); "
+                         "install the service: pip install -e .")
+    module = found[0].load()
+    return tuple(getattr(module, name) for name in names)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,7 +149,7 @@ def main(
 
 def _load_config(environ: Mapping[str, str], target: str | None, table: str | None) -> Any:
     """The service's configuration, checked as far as an upload needs it; flags win over SINK_*."""
-    from sink_service.config import ConfigError, load_config
+    ConfigError, load_config = _service('ConfigError', 'load_config')
 
     env = dict(environ)
     if target:
@@ -146,7 +163,7 @@ def _load_config(environ: Mapping[str, str], target: str | None, table: str | No
 
 
 def _config_secrets(config: Any) -> tuple[str, ...]:
-    from sink_service.config import declared_fields
+    declared_fields, = _service('declared_fields')
 
     values: list[str] = []
     for f in declared_fields():
@@ -186,7 +203,7 @@ def _logging_to(stream: TextIO, verbose: int, secrets: tuple[str, ...]) -> Itera
 
 
 def _settings_for(config: Any) -> Any:
-    from sink_service.targets import target_settings
+    target_settings, = _service('target_settings')
 
     try:
         settings = target_settings(config)
@@ -197,7 +214,7 @@ def _settings_for(config: Any) -> Any:
 
 
 def _target_for(config: Any) -> Any:
-    from sink_service.targets import build_target
+    build_target, = _service('build_target')
 
     return build_target(_settings_for(config))
 
@@ -250,8 +267,8 @@ def file_metadata(path: pathlib.Path, args: argparse.Namespace, config: Any) -> 
 def _local_copy(source: str, config: Any) -> Iterator[pathlib.Path]:
     """A local path as it is; an `s3://` one (a parked file) downloaded with its sidecar, if any, using
     the S3 target's endpoint, region, CA bundle and credentials."""
-    from sink_service.config import S3_URL_SCHEME
-    from sink_service.targets import s3_settings
+    S3_URL_SCHEME, = _service('S3_URL_SCHEME')
+    s3_settings, = _service('s3_settings')
 
     if not source.startswith(S3_URL_SCHEME):
         yield pathlib.Path(source)

@@ -32,7 +32,6 @@ from functools import partial
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sink_service.column_names import DEFAULT_METADATA_COLUMNS, METADATA_COLUMNS, OFFSET, column_name
 from sink_service.decode.bad_records import BadRecord, Failures, bad_records, kept
 from sink_service.decode.column_types import unify
 from sink_service.decode.csv_values import CsvFormat, parse_csv, parse_raw
@@ -52,7 +51,8 @@ from sink_service.decode.raw import RAW_SCHEMA
 from sink_service.decode.registry import RegistrySettings
 from sink_service.decode.required_fields import missing_fields
 from sink_service.decode.tombstones import DELETED, tombstone_failures, with_deleted
-from sink_service.transform import Transform, TransformFailed
+from sink_service.shared.column_names import DEFAULT_METADATA_COLUMNS, METADATA_COLUMNS, OFFSET, column_name
+from sink_service.transform.rows import Transform, TransformFailed
 
 __all__ = ["RAW_SCHEMA", "BadRecord", "DecodeSpec", "DecodedChunk", "decode"]
 

@@ -16,10 +16,10 @@ from collections.abc import Iterable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sink_service.column_names import METADATA_COLUMNS, OFFSET
 from sink_service.decode.bad_records import Failures
 from sink_service.decode.headers import headers_json
 from sink_service.decode.keys import key_column
+from sink_service.shared.column_names import METADATA_COLUMNS, OFFSET
 
 
 def written_metadata(selected: Iterable[str], order_field: str, primary_keys: Iterable[str]) -> tuple[str, ...]:

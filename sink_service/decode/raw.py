@@ -1,6 +1,6 @@
 """The raw records decoding starts from: one Arrow batch per read of a topic-partition offset range.
 
-`sink_service.kafka_source.range_reader` yields batches of `RAW_SCHEMA`; every stage of
+`sink_service.task.range_reader` yields batches of `RAW_SCHEMA`; every stage of
 `sink_service.decode` reads its columns by these names.
 """
 

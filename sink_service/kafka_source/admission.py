@@ -37,18 +37,6 @@ class Thresholds:
     first_batch_ranges: int | None = None
 
 
-@dataclass(frozen=True)
-class Range:
-    topic: str
-    partition: int
-    start: int
-    end: int  # exclusive
-
-    @property
-    def records(self) -> int:
-        return self.end - self.start
-
-
 @dataclass
 class Admission:
     thresholds: Thresholds

@@ -27,15 +27,16 @@ from typing import TYPE_CHECKING
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit
 
-from sink_service.kafka_source.admission import Admission, Range, Thresholds
+from sink_service.kafka_source.admission import Admission, Thresholds
+from sink_service.kafka_source.planner_hints import PlannerHints
 from sink_service.kafka_source.positions import OffsetGapError, flatten, nest
-from sink_service.planner_hints import PlannerHints
+from sink_service.task.ranges import Range
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from sink_service.kafka_source.offsets import KafkaOffsets
-    from sink_service.partition_task import TaskSpec
+    from sink_service.task.partition_task import TaskSpec
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ class KafkaRangeDataSource(DataSource):
 
     def schema(self) -> str:
         # Only when the query gives none: the driver passes it, sparing the planning process the import.
-        from sink_service.partition_task import RESULT_SCHEMA_DDL
+        from sink_service.task.partition_task import RESULT_SCHEMA_DDL
 
         return RESULT_SCHEMA_DDL
 
@@ -212,8 +213,8 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
     def read(self, partition: KafkaRangePartition) -> Iterator[pa.RecordBatch]:
         """One outcome row per range, range after range: the records stay in this Python worker."""
         from sink_service.decode.column_types import decode_schema
-        from sink_service.kafka_source.range_reader import consumer_config, read_range
-        from sink_service.partition_task import process_range
+        from sink_service.task.partition_task import process_range
+        from sink_service.task.range_reader import consumer_config, read_range
 
         o = self.options
         config = consumer_config(o.client_config, o.group_id)

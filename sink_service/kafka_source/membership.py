@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from sink_service.kafka_source.access import AccessWatch, KafkaAccessRefused
+from sink_service.shared.kafka_access import AccessWatch, KafkaAccessRefused
 
 log = logging.getLogger(__name__)
 

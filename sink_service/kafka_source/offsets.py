@@ -15,8 +15,8 @@ from typing import TypeVar
 from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from sink_service.kafka_source.access import AccessWatch
 from sink_service.kafka_source.positions import TP, OffsetGapError
+from sink_service.shared.kafka_access import AccessWatch
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from devkit.kafka_data import committed_offsets, create_topics, end_offsets
 from devkit.service_process import wait_until
-from sink_service.dead_letters import original_headers
+from sink_service.task.dead_letters import original_headers
 from tests.e2e.checks import all_committed, metric_total, scrape_metrics
 
 pytestmark = pytest.mark.e2e

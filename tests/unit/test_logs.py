@@ -192,10 +192,10 @@ import dataclasses, json, sys
 from pathlib import Path
 import pyarrow as pa
 from sink_service.decode import RAW_SCHEMA
-from sink_service.kafka_source.admission import Range
+from sink_service.task.ranges import Range
 from sink_service.logs import WorkerLogging
-from sink_service.partition_task import process_range
-from tests.unit.test_partition_task import spec
+from sink_service.task.partition_task import process_range
+from tests.unit.task.test_partition_task import spec
 
 secret = sys.argv[2]
 task = dataclasses.replace(spec(Path(sys.argv[1]), "skip"), logging=WorkerLogging("INFO", True, (secret,)))
@@ -227,9 +227,9 @@ def test_a_worker_logs_as_the_driver_does_json_and_scrubbed(tmp_path):
 
 def test_the_task_spec_carries_the_drivers_logging_and_never_shows_its_secrets():
     from sink_service import logs
+    from sink_service.config.upload_targets import build_target
     from sink_service.decode import DecodeSpec
-    from sink_service.partition_task import TaskSpec
-    from sink_service.targets import build_target
+    from sink_service.task.partition_task import TaskSpec
 
     root = logging.getLogger()
     before = (list(root.handlers), root.level)

@@ -1,0 +1,102 @@
+"""Upload target settings (EMS, S3, dir, parking, TLS, upload budget) and their checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sink_service.config.declare import setting
+
+S3_URL_SCHEME = "s3://"
+
+
+@dataclass(frozen=True)
+class TargetSettings:
+    """Upload target settings: part of `SinkConfig`."""
+
+    target: str = setting(
+        "SINK_TARGET", "Where files go: `ems` (Celonis EMS continuous push), `s3` (Amazon S3 or an "
+        "S3-compatible store) or `dir` (a local or mounted directory).", "ems",
+        choices=("ems", "s3", "dir"), group="Target")
+    ems_endpoint: str | None = setting(
+        "SINK_EMS_ENDPOINT", "EMS continuous-push URL, `https://<team>.<realm>.celonis.cloud/"
+        "continuous-batch-processing/api/v1/<pool-id>/items`. Plain http only to loopback.",
+        group="Target")
+    ems_authorization: str | None = setting(
+        "SINK_EMS_AUTHORIZATION", "Authorization header sent verbatim: `AppKey <key>` or "
+        "`Bearer <token>`.", secret=True, group="Target")
+    ems_target_table: str | None = setting(
+        "SINK_EMS_TARGET_TABLE", "EMS `targetName`. `{topic}` is replaced by the topic name. "
+        "Used only with `SINK_TARGET=ems`.", group="Target")
+    ems_connection_id: str | None = setting(
+        "SINK_EMS_CONNECTION_ID", "EMS `connectionId` (optional).", group="Target")
+    ems_client_id: str = setting(
+        "SINK_EMS_CLIENT_ID", "EMS `clientId`.", "kafka-parquet-sink", group="Target")
+    ems_fallback_varchar_length: int | None = setting(
+        "SINK_EMS_FALLBACK_VARCHAR_LENGTH", "EMS `fallbackVarcharLength` (optional).", minimum=1,
+        group="Target")
+    ems_proxy_url: str | None = setting(
+        "SINK_EMS_PROXY_URL", "Proxy for EMS traffic: `http://host:port`, `https://...` or "
+        "`socks5://...`. Overrides HTTPS_PROXY.", group="Target")
+    ems_proxy_username: str | None = setting(
+        "SINK_EMS_PROXY_USERNAME", "Proxy user name (optional).", group="Target")
+    ems_proxy_password: str | None = setting(
+        "SINK_EMS_PROXY_PASSWORD", "Proxy password (optional).", secret=True, group="Target")
+    s3_bucket: str | None = setting(
+        "SINK_S3_BUCKET", "Bucket files are written to; required when `SINK_TARGET=s3`. Credentials "
+        "come only from boto3's standard chain (`AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`, "
+        "`AWS_PROFILE`, web identity, the instance or pod role), never from SINK_* settings.",
+        group="Target")
+    s3_prefix: str = setting(
+        "SINK_S3_PREFIX", "Key prefix. Objects are named `<prefix>/<topic>/<partition>/"
+        "<first offset, 20 digits>-<last offset, 20 digits>.parquet`, so a replayed range overwrites "
+        "the same object.", "", group="Target")
+    s3_endpoint_url: str | None = setting(
+        "SINK_S3_ENDPOINT_URL", "Endpoint of an S3-compatible store that is not AWS (MinIO, Ceph, "
+        "...), e.g. `https://minio.internal:9000`; path-style addressing is used with it. Empty: AWS. "
+        "Plain http only to loopback, unless `SINK_S3_ALLOW_HTTP=true`.", group="Target")
+    s3_allow_http: bool = setting(
+        "SINK_S3_ALLOW_HTTP", "Accept a plain `http://` `SINK_S3_ENDPOINT_URL` to a host that is not "
+        "loopback. Dangerous: every file then crosses the network unencrypted, readable and alterable by "
+        "anyone on the path, and a captured signed request can be replayed for minutes. Only for a "
+        "store on a trusted, isolated network.", False, group="Target")
+    s3_region: str | None = setting(
+        "SINK_S3_REGION", "Region of the bucket. Empty: boto3's default (`AWS_REGION`, "
+        "`AWS_DEFAULT_REGION` or the profile).", group="Target")
+    s3_multipart_part_size: int = setting(
+        "SINK_S3_MULTIPART_PART_SIZE", "Files at least this large (bytes) are uploaded in parts of "
+        "this size, several at a time; smaller files in one request. S3's minimum part size is 5 MiB.",
+        16 * 1024 * 1024, minimum=5 * 1024 * 1024, group="Target")
+    dir_path: str | None = setting(
+        "SINK_DIR_PATH", "Directory files are written to; required when `SINK_TARGET=dir`. Files are "
+        "named like S3 objects, `<path>/<topic>/<partition>/<first>-<last>.parquet`, and written "
+        "atomically (temporary `.<name>.tmp-<id>` file, fsync, rename). On a cluster every executor "
+        "must see the same directory.", group="Target")
+    rejected_file_policy: str = setting(
+        "SINK_REJECTED_FILE_POLICY", "A file the endpoint rejects as bad content (EMS: HTTP 400 or 413; S3: "
+        "`EntityTooLarge`): `fail` stops the service with exit 3; `park` writes it and the endpoint's answer to "
+        "`SINK_PARKED_PATH`, commits its offsets, counts it in `sink_parked_files_total`, logs an "
+        "ERROR and continues. Every other rejection is a configuration problem and stops the service either "
+        "way: EMS's 401/403/404, and S3's credential, region and clock errors even when S3 sends them as "
+        "400 (`ExpiredToken`, `InvalidToken`, `AuthorizationHeaderMalformed`, `InvalidArgument`).",
+        "fail", choices=("fail", "park"), group="Target")
+    parked_path: str | None = setting(
+        "SINK_PARKED_PATH", "Where rejected files are parked when `SINK_REJECTED_FILE_POLICY=park` (required "
+        "then): a directory, or `s3://<bucket>/<prefix>` reached with `SINK_S3_ENDPOINT_URL`, `SINK_S3_REGION`, "
+        "`SINK_TLS_CA_BUNDLE` and boto3's credentials, whatever `SINK_TARGET` is. `<path>/<topic>/<partition>/"
+        "<first>-<last>.parquet` plus `<same>.response.json` with the endpoint's status, body and the file's "
+        "metadata, both written atomically. Re-push one with `python -m uploader push <file or s3:// URL>`. "
+        "On a cluster every executor must see the same directory.", group="Target")
+    tls_ca_bundle: str | None = setting(
+        "SINK_TLS_CA_BUNDLE", "PEM file of the CA certificates that HTTPS connections (EMS, its "
+        "proxy, S3, the schema registry) are verified against, for endpoints with a private or self-signed CA. "
+        "A certificate that does not verify is fatal (exit 3), never retried. It replaces "
+        "the default CA store, so include every CA needed. Checked at startup; on a cluster every "
+        "executor must see the same file. Empty: the system's CAs (and `REQUESTS_CA_BUNDLE`/"
+        "`AWS_CA_BUNDLE`). Kafka has its own: `SINK_KAFKA_SSL_CA_LOCATION`.", group="Target")
+    upload_timeout_ms: int = setting(
+        "SINK_UPLOAD_TIMEOUT_MS", "Timeout of one upload request.", 60_000, minimum=100,
+        group="Target")
+    upload_retry_budget_ms: int = setting(
+        "SINK_UPLOAD_RETRY_BUDGET_MS", "How long one file's upload is retried (exponential backoff "
+        "with jitter, honouring Retry-After) before its micro-batch fails and is replayed from the "
+        "committed offsets.", 60_000, minimum=0, group="Target")
