@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Run the whole test suite: unit, component and end-to-end (starts its own broker and endpoint).
+# Run the whole test suite: unit, component and end-to-end (starts its own brokers and endpoints).
+# Two pytest-xdist workers, each with its own broker and endpoint: the end-to-end tests run one at a
+# time on one of them, the unit and component tests on the other (see tests/conftest.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 .venv/bin/ruff check .
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest -n "${SINK_TEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -91,8 +91,9 @@ class TargetSettings:
         "proxy, S3, the schema registry) are verified against, for endpoints with a private or self-signed CA. "
         "A certificate that does not verify is fatal (exit 3), never retried. It replaces "
         "the default CA store, so include every CA needed. Checked at startup; on a cluster every "
-        "executor must see the same file. Empty: the system's CAs (and `REQUESTS_CA_BUNDLE`/"
-        "`AWS_CA_BUNDLE`). Kafka has its own: `SINK_KAFKA_SSL_CA_LOCATION`.", group="Target")
+        "executor must see the same file. When set, it wins over `REQUESTS_CA_BUNDLE`, `CURL_CA_BUNDLE` "
+        "and `AWS_CA_BUNDLE` for every client. Empty: the system's CAs (and those variables). Kafka has "
+        "its own: `SINK_KAFKA_SSL_CA_LOCATION`.", group="Target")
     upload_timeout_ms: int = setting(
         "SINK_UPLOAD_TIMEOUT_MS", "Timeout of one upload request.", 60_000, minimum=100,
         group="Target")
