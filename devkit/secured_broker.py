@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devkit.brokers import free_port, running_broker
-from devkit.kafka_wire import uvarint
 
 SCRAM_ITERATIONS = 4096  # Apache Kafka's minimum for SCRAM-SHA-256/512
 MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN")
@@ -262,11 +261,23 @@ class _Reader:
             self.take(self.uvarint())
 
 
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
 def _string(text: str | None, flexible: bool = False) -> bytes:
     if text is None:
-        return uvarint(0) if flexible else struct.pack(">h", -1)
+        return _uvarint(0) if flexible else struct.pack(">h", -1)
     raw = text.encode()
-    return (uvarint(len(raw) + 1) if flexible else struct.pack(">h", len(raw))) + raw
+    return (_uvarint(len(raw) + 1) if flexible else struct.pack(">h", len(raw))) + raw
 
 
 def _bytes(data: bytes) -> bytes:
@@ -295,7 +306,7 @@ def _patch_api_versions(response: bytes, version: int) -> bytes:
     apis[API_SASL_HANDSHAKE] = (1, 1)
     apis[API_SASL_AUTHENTICATE] = (0, 1)
     out = bytearray(response[:6])
-    out += uvarint(len(apis) + 1) if flexible else struct.pack(">i", len(apis))
+    out += _uvarint(len(apis) + 1) if flexible else struct.pack(">i", len(apis))
     for key, (low, high) in sorted(apis.items()):
         out += struct.pack(">hhh", key, low, high) + (b"\x00" if flexible else b"")
     return bytes(out + rest)

@@ -26,13 +26,13 @@ from sink_service.config import load_config
 from sink_service.kafka_source.membership import GroupMembership
 from sink_service.kafka_source.offsets import KafkaOffsets
 from sink_service.shared.kafka_access import KafkaAccessRefused
+from sink_service.task import dead_letters, range_reader
 from sink_service.task.dead_letters import DeadLetterSpec
 from sink_service.task.partition_task import process_range
 from sink_service.task.range_reader import consumer_config, read_range
 from sink_service.task.ranges import Range
 from tests.component.task.test_dead_letters import reader
 from tests.component.task.test_dead_letters import spec as dead_letter_task
-from tests.support.cached_clients import close_cached_clients
 
 USER = "sink-service"
 MECHANISMS = ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"]
@@ -50,7 +50,12 @@ def secured(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def no_cached_clients() -> Iterator[None]:
     """The range reader and the dead-letter producer cache clients per process: none outlives a test."""
     yield
-    close_cached_clients()
+    for consumer in range_reader._consumers.values():
+        consumer.close()
+    range_reader._consumers.clear()
+    for producer in dead_letters._producers.values():
+        producer.flush(5)
+    dead_letters._producers.clear()
 
 
 def service_client_config(broker: SecuredBroker, mechanism: str, **overrides: str) -> dict[str, str]:

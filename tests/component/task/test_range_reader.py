@@ -15,7 +15,6 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 
 from bench.workload import WorkloadSpec, build_records, produce
-from devkit import kafka_wire
 from devkit.kafka_data import Workload, create_topics, produce_orders
 from sink_service.config.upload_targets import build_target
 from sink_service.decode import DecodeSpec
@@ -23,7 +22,7 @@ from sink_service.task import range_reader
 from sink_service.task.partition_task import TaskSpec, process_range
 from sink_service.task.range_reader import BATCH_RECORDS, _consumer, consumer_config, read_range
 from sink_service.task.ranges import Range
-from tests.support.cached_clients import close_cached_clients
+from tests.support import kafka_wire
 from uploader.directory import DirectorySettings
 from uploader.retry import RetryPolicy
 
@@ -214,7 +213,14 @@ def bad_header_name(bootstrap: str) -> Iterator[str]:
                for i in range(6)]
     assert kafka_wire.produce(bootstrap, name, 0, records) == 0
     yield name
-    close_cached_clients()
+    from sink_service.task import dead_letters  # cached per process: closed here, they do not outlive the broker
+
+    for consumer in range_reader._consumers.values():
+        consumer.close()
+    range_reader._consumers.clear()
+    for producer in dead_letters._producers.values():
+        producer.flush(5)
+    dead_letters._producers.clear()
 
 
 def test_a_header_name_that_is_not_utf8_is_read_and_marked_not_a_failed_read(bootstrap: str, bad_header_name: str):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
@@ -26,6 +27,16 @@ pytestmark = pytest.mark.usefixtures("aws_env")  # dummy credentials, nothing fr
 AUTH = "AppKey parking-s3-test-key"
 REGION = "us-east-1"
 PARKED_KEY = f"parked/t/0/{0:020d}-{99:020d}.parquet"
+
+
+@pytest.fixture(scope="module")
+def ems(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    from local_ems.server import LocalEmsServer
+
+    server = LocalEmsServer(tmp_path_factory.mktemp("ems"), AUTH)
+    server.start()
+    yield server
+    server.stop()
 
 
 def environment(ems, moto_url: str, parked: str, **more: str) -> dict[str, str]:

@@ -6,6 +6,7 @@ Against the real local EMS endpoint with an injected 400/401, through a real par
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,6 +29,16 @@ from uploader.retry import RetryPolicy
 from uploader.target import FileMetadata
 
 AUTH = "AppKey parking-test-key"
+
+
+@pytest.fixture(scope="module")
+def ems(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    from local_ems.server import LocalEmsServer
+
+    server = LocalEmsServer(tmp_path_factory.mktemp("ems"), AUTH)
+    server.start()
+    yield server
+    server.stop()
 
 
 def spec(tmp_path: Path, ems, parked: Path | str) -> TaskSpec:

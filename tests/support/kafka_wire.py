@@ -29,22 +29,17 @@ def crc32c(data: bytes) -> int:
     return crc ^ 0xFFFFFFFF
 
 
-def uvarint(value: int) -> bytes:
-    """Kafka's unsigned varint (compact lengths, tagged fields)."""
+def _varint(value: int) -> bytes:
+    zigzag = (value << 1) ^ (value >> 63)
     out = bytearray()
     while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
+        byte = zigzag & 0x7F
+        zigzag >>= 7
+        if zigzag:
             out.append(byte | 0x80)
         else:
             out.append(byte)
             return bytes(out)
-
-
-def _varint(value: int) -> bytes:
-    """Kafka's signed varint (record fields): zigzag, then unsigned."""
-    return uvarint((value << 1) ^ (value >> 63))
 
 
 def _bytes_field(data: bytes | None) -> bytes:
