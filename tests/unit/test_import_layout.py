@@ -125,5 +125,5 @@ def test_the_packages_below_the_service_never_import_it():
 def test_the_walk_sees_the_imports():
     # guards the test itself: a walk that finds nothing passes everything
     graph = _graph()
-    assert "sink_service.config" in graph["sink_service.__main__"]
+    assert "sink_service.config" in graph["sink_service.cli.run"]
     assert any(t.startswith("uploader.") for t in graph["sink_service.config.upload_targets"])

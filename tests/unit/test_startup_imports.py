@@ -16,7 +16,7 @@ def test_config_checks_and_the_service_module_leave_the_pipeline_to_load_while_t
     # Nor pyarrow (with numpy ~50 ms), requests (~30 ms) or PySpark's data source classes (~20 ms):
     # the version line reads pyarrow's from its metadata, and only executors post upload signals.
     probe = ("import sys; from sink_service.config import load_config; "
-             f"load_config({ENV!r}); import sink_service.driver.service, sink_service.__main__ as main; "
+             f"load_config({ENV!r}); import sink_service.driver.service, sink_service.cli.run as main; "
              "main._versions(); "
              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlglot', 'duckdb', 'boto3', "
              "'pyarrow', 'numpy', 'requests') or m == 'pyspark.sql.datasource' "
