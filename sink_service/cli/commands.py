@@ -17,6 +17,7 @@ from sink_service import __version__
 # name -> one-line help; the module is sink_service.cli.<name>
 SUBCOMMANDS: dict[str, str] = {
     "run": "start the service (the default): configured only by SINK_* environment variables",
+    "offsets": "show the group's committed offsets and lag; move them (time, earliest, latest) while stopped",
 }
 
 

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from sink_service.config.declare import MASK
 from sink_service.config.decode import REGISTRY_FORMATS, STRUCTURED_KEY_FORMATS, csv_character
-from sink_service.config.kafka import KAFKA_PASSTHROUGH_PREFIX, RESERVED_KAFKA_OPTIONS
+from sink_service.config.kafka import KAFKA_PASSTHROUGH_PREFIX, RESERVED_KAFKA_OPTIONS, starting_offsets_problems
 from sink_service.config.target import S3_URL_SCHEME
 from uploader.masking import mask_userinfo
 
@@ -36,6 +36,7 @@ def _check_kafka(c: SinkConfig) -> list[str]:
             re.compile(c.topic_pattern)
         except re.error as exc:
             problems.append(f"SINK_TOPIC_PATTERN is not a valid regular expression: {exc}.")
+    problems.extend(starting_offsets_problems(c.starting_offsets))
     for reserved, why in RESERVED_KAFKA_OPTIONS.items():
         if reserved in c.kafka_options:
             env = KAFKA_PASSTHROUGH_PREFIX + reserved.upper().replace(".", "_")

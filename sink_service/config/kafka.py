@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sink_service.config.declare import setting
+from sink_service.shared.instants import starting_time_ms
 
 KAFKA_PASSTHROUGH_PREFIX = "SINK_KAFKA_"
 _SECRET_WORDS = ("PASSWORD", "SECRET", "TOKEN", "CREDENTIAL")
@@ -50,12 +51,16 @@ class KafkaSettings:
         group="Kafka")
     starting_offsets: str = setting(
         "SINK_STARTING_OFFSETS", "Where partitions without a committed offset start at the consumer "
-        "group's first start, while the group has committed nothing yet. A `latest` position is "
-        "committed at once, so replays and restarts keep it. Once the group has committed, every "
-        "partition without a commit (a topic or partition created or matched later, found while "
-        "running or while the service was down) starts at its earliest offset, whichever process "
-        "finds it.",
-        "earliest", choices=("earliest", "latest"), group="Kafka")
+        "group's first start, while the group has committed nothing yet: `earliest`, `latest`, or "
+        "`timestamp:<ISO-8601 time with UTC offset>` (e.g. `timestamp:2026-11-24T14:00:00Z`) for the "
+        "first record at or after that time, found with Kafka's offsets-for-times: a time after a "
+        "partition's last record starts it at its log end, a time before its log start at its earliest "
+        "offset (logged). A `latest` or `timestamp:` position is committed at once, so replays and "
+        "restarts keep it. Once the group has committed, every partition without a commit (a topic or "
+        "partition created or matched later, found while running or while the service was down) "
+        "starts at its earliest offset, whichever process finds it. To move a stopped group that has "
+        "committed, use `sink-service offsets`.",
+        "earliest", group="Kafka")
     retention_gap_policy: str = setting(
         "SINK_RETENTION_GAP_POLICY",
         "What to do when a committed offset lies outside the log: fallen out of retention, or beyond "
@@ -69,6 +74,16 @@ class KafkaSettings:
         "SINK_READ_BATCH_MAX_BYTES", "Most bytes of keys and values a task reads from Kafka before it "
         "decodes and writes them; with the 20,000-record cap this bounds a task's memory whatever "
         "the record size.", 32 * 1024 * 1024, minimum=1024, group="Kafka")
+
+
+def starting_offsets_problems(value: str) -> list[str]:
+    """A malformed `SINK_STARTING_OFFSETS` is found at startup with every other problem, not when the
+    group first starts (which may be long after a deployment, or never on a replica)."""
+    try:
+        starting_time_ms(value)
+    except ValueError as exc:
+        return [f"SINK_STARTING_OFFSETS: {exc}."]
+    return []
 
 
 def is_secret_kafka_option(name: str) -> bool:

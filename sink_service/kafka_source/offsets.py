@@ -7,21 +7,39 @@ reads them (and where to start); the group member (`membership.py`) commits.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import TypeVar
 
-from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    ConsumerGroupState,
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from sink_service.kafka_source.positions import TP, OffsetGapError
+from sink_service.shared.instants import iso_ms, starting_time_ms
 from sink_service.shared.kafka_access import AccessWatch
 
 log = logging.getLogger(__name__)
 
 _TIMEOUT_S = 30.0
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class TimedPosition:
+    """Where a point in time falls in one partition's log, and why, in words for a log line."""
+
+    offset: int
+    why: str
 
 
 class KafkaOffsets:
@@ -81,6 +99,73 @@ class KafkaOffsets:
         """Last stable offset: records of open transactions are not readable yet."""
         return self._list_offsets(tps, OffsetSpec.latest())
 
+    def at_time(self, tps: Iterable[TP], when_ms: int, low: Mapping[TP, int] | None = None,
+                high: Mapping[TP, int] | None = None) -> dict[TP, TimedPosition]:
+        """The first offset whose record timestamp is at or after `when_ms`, per partition.
+
+        Kafka's offsets-for-times answers -1 for a time after the last record: that is the log end.
+        A log that starts after the time (retention or delete-records removed its head, or the
+        topic's first record is later) answers its earliest offset, which is said in `why`: records
+        from that time, if any, are gone.
+        """
+        tps = list(tps)
+        request = {TopicPartition(t, p): OffsetSpec.for_timestamp(when_ms) for t, p in tps}
+        if not request:
+            return {}
+        low = low if low is not None else self.earliest(tps)
+        high = high if high is not None else self.latest(tps)
+        futures = self._admin.list_offsets(
+            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=_TIMEOUT_S)
+        at = iso_ms(when_ms)
+        found: dict[TP, TimedPosition] = {}
+        for tp, future in futures.items():
+            key = (tp.topic, tp.partition)
+            answer = self._answer(future)
+            if answer.offset < 0 or answer.offset >= high[key]:
+                found[key] = TimedPosition(high[key], f"no record at or after {at}: starting at the log end, "
+                                                      f"offset {high[key]}")
+            elif answer.offset <= low[key] and answer.timestamp > when_ms:
+                deleted = f" (offsets below {low[key]} were deleted)" if low[key] > 0 else ""
+                found[key] = TimedPosition(low[key], f"the log starts after {at}{deleted}: starting at its "
+                                                     f"earliest offset {low[key]}, "
+                                                     f"a record of {iso_ms(answer.timestamp)}")
+            else:
+                found[key] = TimedPosition(answer.offset, f"the first record at or after {at} is offset "
+                                                          f"{answer.offset}, of {iso_ms(answer.timestamp)}")
+        return found
+
+    def partitions(self, topics: Iterable[str], pattern: str | None = None) -> list[TP]:
+        """The partitions of the named topics, or of every topic the pattern matches in full (as the
+        service subscribes); a named topic that does not exist raises `KeyError` naming it."""
+        self._refresh_metadata()
+        metadata = self._admin.list_topics(timeout=_TIMEOUT_S).topics
+        names = [t for t in sorted(metadata) if re.fullmatch(pattern, t)] if pattern else list(topics)
+        missing = [t for t in names if t not in metadata or metadata[t].error is not None]
+        if missing:
+            raise KeyError(", ".join(missing))
+        return sorted((t, p) for t in names for p in metadata[t].partitions)
+
+    def active_members(self) -> list[str]:
+        """The group's members right now (client id@host): an offset change must wait until none are left."""
+        futures = self._admin.describe_consumer_groups([self._group_id], request_timeout=_TIMEOUT_S)
+        group = self._answer(futures[self._group_id])
+        if group.state in (ConsumerGroupState.EMPTY, ConsumerGroupState.DEAD) and not group.members:
+            return []
+        return [f"{m.client_id}@{m.host}" for m in group.members] or [f"(group state {group.state.name})"]
+
+    def alter(self, offsets: Mapping[TP, int]) -> None:
+        """Commit offsets for a group without members, as Kafka's tooling does; raises if any is refused."""
+        request = [TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())]
+        if not request:
+            return
+        futures = self._admin.alter_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(self._group_id, request)], request_timeout=_TIMEOUT_S)
+        result = self._answer(futures[self._group_id])
+        refused = [f"{tp.topic}:{tp.partition} ({tp.error})" for tp in result.topic_partitions or ()
+                   if tp.error is not None]
+        if refused:
+            raise KafkaException(f"the broker refused the offsets of {', '.join(refused)}")
+
     def committed(self, tps: Iterable[TP] | None) -> dict[TP, int]:
         """Committed offsets of the group (of every partition it committed, for None); others absent."""
         request = None if tps is None else [TopicPartition(t, p) for t, p in tps]
@@ -102,8 +187,10 @@ class KafkaOffsets:
         a topic found while running whose uploads have not succeeded yet must not be taken for one
         present at the first start by the next process (a restart, a rolling update, another
         replica) and skipped to its end.
-        A `latest` position is committed as soon as it is resolved: otherwise the next query (a
-        replay, a restart) would resolve it again to a newer end and skip what arrived meanwhile.
+        `timestamp:<ISO-8601>` starts at the first record at or after that time (`at_time`).
+        A `latest` or `timestamp:` position is committed as soon as it is resolved: otherwise the
+        next query (a replay, a restart) would resolve it again, to a newer end or against a log
+        that retention has shortened since.
         A committed offset outside [earliest, end] is a gap: `fail` raises `OffsetGapError` and
         commits nothing; `skip` restarts the partition at its earliest available offset, commits
         that and logs `RECORDS LOST`.
@@ -121,12 +208,20 @@ class KafkaOffsets:
             starting = "earliest"
         low = self.earliest(tps)
         high = self.latest(tps)
+        when_ms = starting_time_ms(starting)
+        fresh = [tp for tp in tps if tp not in committed]
+        timed = self.at_time(fresh, when_ms, low, high) if when_ms is not None else {}
         start: dict[TP, int] = {}
         resolved: dict[TP, int] = {}
         gaps: list[str] = []
         for tp in tps:
             topic, partition = tp
             if tp not in committed:
+                if tp in timed:
+                    start[tp] = resolved[tp] = timed[tp].offset
+                    log.info("topic=%s partition=%d: no committed offset; SINK_STARTING_OFFSETS=%s: %s",
+                             topic, partition, starting, timed[tp].why)
+                    continue
                 start[tp] = high[tp] if starting == "latest" else low[tp]
                 if starting == "latest":
                     resolved[tp] = start[tp]
