@@ -8,7 +8,8 @@
 
 The target is configured by the same SINK_* variables as the service (see the README's reference);
 Kafka settings are not needed. Topic, partition and offsets default to what the service's file name
-says (`topic-<t>_partition-<p>_firstOffset-<f>_lastOffset-<l>.parquet`); the record count and schema
+says (`topic-<t>_partition-<p>_firstOffset-<f>_lastOffset-<l>.parquet`, or the dir/S3 targets'
+`<topic>/<partition>/<first>-<last>.parquet` path or `s3://` URL); the record count and schema
 fingerprint come from the Parquet footer. A parked file (SINK_PARKED_PATH) is pushed with the metadata
 of the `.response.json` beside it; one parked in S3 is named by its `s3://` URL and downloaded first.
 
@@ -33,6 +34,7 @@ import json
 import logging
 import os
 import pathlib
+import re
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -43,7 +45,7 @@ import pyarrow as pa
 from uploader.errors import FatalUploadError, RetryableUploadError
 from uploader.masking import authorization_secrets, redact
 from uploader.parking import SIDECAR_SUFFIX, ParkingSettings, read_sidecar_metadata, sidecar_path
-from uploader.parquet_info import footer_info, parse_file_name
+from uploader.parquet_info import RangeName, footer_info, parse_file_name
 from uploader.retry import RetryPolicy
 from uploader.s3 import S3Target
 from uploader.target import FileMetadata, Receipt
@@ -228,9 +230,28 @@ def _keys(option: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
 # --- push -----------------------------------------------------------------------------------------
 
 
-def file_metadata(path: pathlib.Path, args: argparse.Namespace, config: Any) -> FileMetadata:
-    """Metadata for a file pushed by hand: flags win over the file name; counts from the footer."""
-    parsed = parse_file_name(path.name)
+# The dir and S3 targets' names (FileMetadata.object_key): `<topic>/<partition>/<first:020d>-<last:020d>.parquet`.
+_TARGET_NAME = re.compile(r"(?:^|/)(?P<topic>[^/]+)/(?P<partition>\d+)/(?P<first>\d+)-(?P<last>\d+)\.parquet$")
+
+
+def range_name(source: str) -> RangeName | None:
+    """Topic, partition and offsets from a file's name (EMS style) or from its path or `s3://` URL as
+    the dir and S3 targets write it; None when neither shape fits."""
+    parsed = parse_file_name(source)
+    if parsed is not None:
+        return parsed
+    match = _TARGET_NAME.search(source.replace("\\", "/"))
+    if match is None:
+        return None
+    return RangeName(match["topic"], int(match["partition"]), int(match["first"]), int(match["last"]))
+
+
+def file_metadata(path: pathlib.Path, args: argparse.Namespace, config: Any, source: str | None = None) -> FileMetadata:
+    """Metadata for a file pushed by hand: flags win over the name; counts from the footer.
+
+    `source` is the name the operator gave (an `s3://` URL is pushed from a downloaded copy whose
+    local path no longer holds the `<topic>/<partition>/` folders)."""
+    parsed = range_name(source if source is not None else str(path))
     fields = {
         "topic": args.topic if args.topic is not None else parsed and parsed.topic,
         "partition": args.partition if args.partition is not None else parsed and parsed.partition,
@@ -242,7 +263,8 @@ def file_metadata(path: pathlib.Path, args: argparse.Namespace, config: Any) -> 
         flags = ", ".join("--" + name.replace("_", "-") for name in missing)
         raise UsageError(
             f"cannot tell {', '.join(missing)} from the file name {path.name!r} (expected "
-            f"topic-<t>_partition-<p>_firstOffset-<f>_lastOffset-<l>.parquet); pass {flags}"
+            f"topic-<t>_partition-<p>_firstOffset-<f>_lastOffset-<l>.parquet, or the dir/S3 targets' "
+            f"<topic>/<partition>/<first>-<last>.parquet); pass {flags}"
         )
     if fields["first_offset"] > fields["last_offset"]:
         raise UsageError(f"first offset {fields['first_offset']} is after last offset {fields['last_offset']}")
@@ -297,7 +319,7 @@ def _push_file(path: pathlib.Path, args: argparse.Namespace, config: Any, say) -
     if not path.is_file():
         raise UsageError(f"no such file: {path}")
     # A parked file's sidecar holds the metadata it was first pushed with; flags do not apply then.
-    metadata = read_sidecar_metadata(path) or file_metadata(path, args, config)
+    metadata = read_sidecar_metadata(path) or file_metadata(path, args, config, args.file)
     target = _target_for(config)
     try:
         if args.dry_run:
