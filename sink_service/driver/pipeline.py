@@ -25,6 +25,7 @@ from sink_service.config.upload_targets import build_target, target_settings
 from sink_service.decode import DecodeSpec
 from sink_service.decode.csv_values import CsvFormat
 from sink_service.decode.registry import RegistrySettings
+from sink_service.driver.backlog import BacklogProgress
 from sink_service.driver.health import Health
 from sink_service.driver.metrics import SinkMetrics
 from sink_service.driver.offset_commit import ContiguousCommits, RangeOutcome
@@ -75,6 +76,7 @@ class Pipeline:
         self.failure = ""  # why the last micro-batch of this query failed, for readiness
         self._commits: ContiguousCommits | None = None
         self._repeated = RepeatedFailures(config.max_identical_failures)
+        self._backlog = BacklogProgress(caught_up_records=config.flush_records)  # the 30 s catch-up line
         scratch = Path(config.scratch_dir)
         self.state_dir = scratch / "state"
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -293,7 +295,9 @@ class Pipeline:
         self.health.update(broker_ok=True)
         # Where nothing is committed yet, lag counts from the resolved start position: a fresh
         # deployment facing a backlog, or an endpoint down from the start, must show lag at once.
-        self.metrics.record_lag({**self._commits.positions, **committed} if self._commits else committed, latest)
+        positions = {**self._commits.positions, **committed} if self._commits else committed
+        self.metrics.record_lag(positions, latest)
+        self._backlog.report(time.monotonic(), positions, latest)
         self.metrics.record_admission(self.state_dir / PENDING_STATE_FILE)
 
     def _report_range(self, row) -> None:
