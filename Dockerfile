@@ -22,20 +22,21 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 WORKDIR /src
 RUN python -m venv /opt/venv
 
-# Dependencies first (their own layer: pyspark is large and changes rarely), pinned by the committed
-# lock file used as constraints; only what pyproject.toml's [project.dependencies] needs is installed.
-COPY pyproject.toml requirements.lock ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
-        > /tmp/requirements.in \
-    && /opt/venv/bin/pip install --no-cache-dir -c requirements.lock -r /tmp/requirements.in
+# Dependencies first (their own layer: pyspark is large and changes rarely), exactly the runtime lock:
+# every package pinned and hash-checked (requirements/runtime.txt, made by requirements/compile.sh from
+# pyproject.toml's [project.dependencies]); pip and setuptools from requirements/build.txt.
+COPY pyproject.toml ./
+COPY requirements/build.txt requirements/runtime.txt ./requirements/
+RUN /opt/venv/bin/pip install --no-cache-dir --require-hashes -r requirements/build.txt \
+    && /opt/venv/bin/pip install --no-cache-dir --require-hashes -r requirements/runtime.txt
 
 # The project as a wheel: it packages sink_service, uploader and local_ems only (devkit/ and tests/
-# are neither copied nor packaged), then installed with the same constraints.
+# are neither copied nor packaged), then installed alone (--no-deps: its dependencies are the lock's).
 COPY sink_service ./sink_service
 COPY uploader ./uploader
 COPY local_ems ./local_ems
-RUN /opt/venv/bin/pip wheel --no-cache-dir --no-deps -c requirements.lock -w /wheels . \
-    && /opt/venv/bin/pip install --no-cache-dir -c requirements.lock /wheels/*.whl \
+RUN /opt/venv/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation -w /wheels . \
+    && /opt/venv/bin/pip install --no-cache-dir --no-deps /wheels/*.whl \
     && /opt/venv/bin/python -c "import sink_service, uploader, local_ems"
 
 # --- runtime: Python, a headless JRE, the venv; no compilers, no sources, no build files ----------

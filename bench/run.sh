@@ -5,6 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 if ! .venv/bin/python -c "import matplotlib, psutil" 2>/dev/null; then
-  .venv/bin/python -m pip install --quiet -c requirements.lock -e ".[bench]"
+  .venv/bin/python -m pip install --quiet --require-hashes -r requirements/bench.txt
 fi
 exec .venv/bin/python -m bench.run "$@"

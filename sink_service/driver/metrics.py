@@ -8,20 +8,88 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 TP = tuple[str, int]
 _TP = ("topic", "partition")
 
 
+class ProcessTreeCollector(Collector):
+    """Resident memory of this process and every process it started (the JVM, Spark's Python workers).
+
+    `process_resident_memory_bytes` is the driver's Python process alone, a tenth of the service's
+    memory; the documented memory bound (README, *Memory*) is for the whole tree, which is what a
+    container's limit kills. Read from /proc at each scrape (a few ms); nothing where there is no /proc.
+    """
+
+    def __init__(self, proc: str = "/proc", pid: int | None = None) -> None:
+        self._proc = Path(proc)
+        self._pid = pid or os.getpid()
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+    def tree(self) -> dict[int, int]:
+        """pid -> resident bytes for this process and its descendants."""
+        parents: dict[int, int] = {}
+        rss: dict[int, int] = {}
+        for entry in self._proc.iterdir() if self._proc.is_dir() else ():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # the process ended meanwhile
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; comm may hold spaces
+            pid = int(entry.name)
+            parents[pid], rss[pid] = int(fields[1]), int(fields[21]) * self._page
+        members, frontier = {self._pid}, [self._pid]
+        while frontier:
+            parent = frontier.pop()
+            children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in members]
+            members.update(children)
+            frontier.extend(children)
+        return {pid: rss[pid] for pid in members if pid in rss}
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        tree = self.tree()
+        if not tree:
+            return
+        yield GaugeMetricFamily(
+            "sink_process_tree_resident_memory_bytes", "Resident memory of the service's processes summed: the "
+            "driver, the JVM and Spark's Python workers (what the documented memory bound is about).",
+            value=sum(tree.values()))
+        yield GaugeMetricFamily(
+            "sink_process_tree_processes", "Processes in the service's tree (driver, JVM, Python workers).",
+            value=len(tree))
+
+
 class SinkMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        # process_* (the driver's CPU, memory, open files, start time), python_info and python_gc_*:
+        # a registry of its own has none of the default registry's collectors unless they are added.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        r.register(ProcessTreeCollector())
+        self._assigned: set[TP] = set()  # partitions with an assignment time
         self._repeating: set[TP] = set()
         self._reported: set[TP] = set()  # partitions with per-partition gauges
         self.records_read = Counter("sink_records_read_total", "Kafka records read by tasks.", _TP, registry=r)
@@ -68,6 +136,9 @@ class SinkMetrics:
         self.batches = Counter("sink_microbatches_total", "Micro-batches by result.", ("result",), registry=r)
         self.last_commit = Gauge(
             "sink_last_commit_timestamp_seconds", "Unix time of the last successful commit.", _TP, registry=r)
+        self.assigned_at = Gauge(
+            "sink_partition_assigned_timestamp_seconds", "Unix time this instance was assigned the partition "
+            "(kept across replays): until its first commit, the no-commit alert counts from here.", _TP, registry=r)
         self.ready = Gauge("sink_ready", "1 while /readyz answers 200.", registry=r)
         self.build_info = Info("sink_build", "Versions of the service, Spark and librdkafka.", registry=r)
         self.committed_offset = Gauge(
@@ -125,14 +196,20 @@ class SinkMetrics:
 
         Only a partition's current owner reports its lag, position and commit time, so sums across
         replicas stay right; the owner's own series survive a replay (the no-commit alert needs them).
+        A newly assigned partition gets its assignment time, so that a partition that never commits
+        (a restart straight into an endpoint outage) still has a series the no-commit alert can age.
         """
         gauges = (self.lag, self.pending_records, self.pending_age, self.last_commit, self.committed_offset,
-                  self.repeated_failures)
-        for topic, partition in self._reported - set(assigned):
+                  self.repeated_failures, self.assigned_at)
+        for topic, partition in (self._reported | self._assigned) - set(assigned):
             for gauge in gauges:
                 with contextlib.suppress(KeyError):  # this partition never had that series
                     gauge.remove(topic, str(partition))
         self._reported &= set(assigned)
+        now = time.time()
+        for topic, partition in set(assigned) - self._assigned:
+            self.assigned_at.labels(topic, str(partition)).set(now)
+        self._assigned = set(assigned)
 
     def record_lag(self, committed: Mapping[TP, int], latest: Mapping[TP, int]) -> None:
         for tp, end in latest.items():

