@@ -58,6 +58,28 @@ class FatalPipelineError(Exception):
     """Retrying cannot fix this; the service stops with a non-zero exit."""
 
 
+def decode_spec(config: SinkConfig) -> DecodeSpec:
+    """How records become rows under `config`: the tasks' and `sink-service verify`'s one source."""
+    value_schema = parse_ddl(config.value_schema) if config.value_schema else None
+    return DecodeSpec(
+        value_schema, config.primary_keys, config.order_field, key_format=config.key_format,
+        key_fields_prefix=config.key_fields_prefix, tombstones=config.tombstones,
+        metadata_columns=config.selected_metadata_columns(),
+        primary_keys_from_key=not config.primary_keys and config.key_format in STRUCTURED_KEY_FORMATS,
+        value_format=config.value_format,
+        registry=RegistrySettings(config.schema_registry_url, config.schema_registry_basic_auth or "",
+                                 config.tls_ca_bundle)
+        if config.schema_registry_url else None,
+        csv=CsvFormat(parse_ddl(config.csv_columns) if config.csv_columns else None, config.csv_header,
+                      csv_character(config.csv_delimiter, ","), csv_character(config.csv_quote, '"'))
+        if config.value_format == "csv" else None,
+        flatten=config.flatten, flatten_discard_collections=config.flatten_discard_collections,
+        lowercase_fields=config.lowercase_fields, decimals_as_double=config.decimals_as_double,
+        obfuscate_fields=config.obfuscate_fields, obfuscation_method=config.obfuscation_method,
+        obfuscation_salt=(config.obfuscation_salt or "").encode(),
+    )
+
+
 class Pipeline:
     def __init__(self, config: SinkConfig, spark: SparkSession, health: Health, metrics: SinkMetrics,
                  live_uploads: LiveUploads, membership: GroupMembership, batch_running: threading.Event):
@@ -81,30 +103,13 @@ class Pipeline:
         self.state_dir = scratch / "state"
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._hints = PlannerHints()
-        value_schema = parse_ddl(config.value_schema) if config.value_schema else None
         signals = NO_SIGNALS
         if config.http_port:
             # Executors reach the driver where Spark does; local executors run in this process.
             host = "127.0.0.1" if config.spark_master.startswith("local") else spark.conf.get("spark.driver.host")
             signals = SignalChannel(signal_url(config.http_host, config.http_port, host), live_uploads.token)
         self.task_spec = TaskSpec(
-            decode=DecodeSpec(
-                value_schema, config.primary_keys, config.order_field, key_format=config.key_format,
-                key_fields_prefix=config.key_fields_prefix, tombstones=config.tombstones,
-                metadata_columns=config.selected_metadata_columns(),
-                primary_keys_from_key=not config.primary_keys and config.key_format in STRUCTURED_KEY_FORMATS,
-                value_format=config.value_format,
-                registry=RegistrySettings(config.schema_registry_url, config.schema_registry_basic_auth or "",
-                                         config.tls_ca_bundle)
-                if config.schema_registry_url else None,
-                csv=CsvFormat(parse_ddl(config.csv_columns) if config.csv_columns else None, config.csv_header,
-                              csv_character(config.csv_delimiter, ","), csv_character(config.csv_quote, '"'))
-                if config.value_format == "csv" else None,
-                flatten=config.flatten, flatten_discard_collections=config.flatten_discard_collections,
-                lowercase_fields=config.lowercase_fields, decimals_as_double=config.decimals_as_double,
-                obfuscate_fields=config.obfuscate_fields, obfuscation_method=config.obfuscation_method,
-                obfuscation_salt=(config.obfuscation_salt or "").encode(),
-            ),
+            decode=decode_spec(config),
             target_settings=target_settings(config),
             build_target=build_target,
             table_template=config.ems_target_table or "{topic}",
