@@ -59,12 +59,14 @@ class ProcessTreeCollector(Collector):
             fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; comm may hold spaces
             pid = int(entry.name)
             parents[pid], rss[pid] = int(fields[1]), int(fields[21]) * self._page
+        children: dict[int, list[int]] = {}
+        for pid, ppid in parents.items():
+            children.setdefault(ppid, []).append(pid)
         members, frontier = {self._pid}, [self._pid]
         while frontier:
-            parent = frontier.pop()
-            children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in members]
-            members.update(children)
-            frontier.extend(children)
+            found = [pid for pid in children.get(frontier.pop(), ()) if pid not in members]
+            members.update(found)
+            frontier.extend(found)
         return {pid: rss[pid] for pid in members if pid in rss}
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
