@@ -17,6 +17,7 @@ from sink_service import __version__
 # name -> one-line help; the module is sink_service.cli.<name>
 SUBCOMMANDS: dict[str, str] = {
     "run": "start the service (the default): configured only by SINK_* environment variables",
+    "check": "probe the configured broker, topics, group, registry and target before deploying (exit 0 OK, 3 not)",
     "verify": "compare the target with the topics up to the group's committed offsets (exit 0 equal, 1 not)",
     "offsets": "show the group's committed offsets and lag; move them (time, earliest, latest) while stopped",
 }
