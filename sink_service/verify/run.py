@@ -39,13 +39,13 @@ def verify(config: SinkConfig, options: VerifyOptions) -> Report:
 
     Raises `CannotVerify` (exit 2): an EMS that cannot be read back, no primary keys, no such topic.
     """
-    from sink_service.driver.pipeline import decode_spec  # the service's own spec: one source
-
     if config.target == "ems" and options.target_export is None:
         _check_ems_readable(config)
     if not config.primary_keys and config.key_format not in STRUCTURED_KEY_FORMATS:
         raise CannotVerify("SINK_PRIMARY_KEYS is not set: the target appends rows instead of upserting them, so "
                            "there is no latest row per key to compare")
+    from sink_service.driver.pipeline import decode_spec  # the service's own spec: one source (imports pyspark)
+
     topics = topics_of(config)
     parts = positions(config, partitions_of(config, topics))
     for part in parts:
