@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from sink_service.cli.probes import Probe
+    from sink_service.check.probe import Probe
     from sink_service.config import SinkConfig
 
 EXIT_OK = 0
@@ -90,8 +90,9 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO, err: 
 
 def probe_all(config: SinkConfig, timeout_s: float) -> list[Probe]:
     """Every probe, Kafka, registry and target side by side; the lines in that fixed order."""
-    from sink_service.cli.probe_targets import registry_probe, target_probes
-    from sink_service.cli.probes import OK, Probe, kafka_probes
+    from sink_service.check.kafka_probes import kafka_probes
+    from sink_service.check.probe import OK, Probe
+    from sink_service.check.target_probes import registry_probe, target_probes
     from sink_service.config import REGISTRY_FORMATS
 
     topics = f"SINK_TOPIC_PATTERN={config.topic_pattern}" if config.topic_pattern else \
@@ -128,7 +129,7 @@ class _Group(threading.Thread):
             self.crashed = exc
 
     def lines(self, timeout_s: float) -> list[Probe]:
-        from sink_service.cli.probes import FAIL, Probe
+        from sink_service.check.probe import FAIL, Probe
 
         lines = list(self.reported)
         if self.is_alive():

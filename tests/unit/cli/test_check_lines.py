@@ -8,9 +8,10 @@ import io
 import json
 from pathlib import Path
 
+from sink_service.check.kafka_probes import _first_sentence, _setting_in, refusal_fix
+from sink_service.check.probe import FAIL, OK, SKIP, WARN, Probe
+from sink_service.check.target_probes import PROBE_DIR, _reason, dir_probe, probe_key
 from sink_service.cli import check
-from sink_service.cli.probe_targets import PROBE_DIR, _reason, dir_probe, probe_key
-from sink_service.cli.probes import FAIL, OK, SKIP, WARN, Probe, _first_sentence, _setting_in, refusal_fix
 from sink_service.config import load_config
 from uploader.directory import DirectorySettings
 from uploader.errors import FatalUploadError

@@ -30,6 +30,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AclOperation, AdminClient, ConfigResource, NewTopic, OffsetSpec, ResourceType
 
+from sink_service.check.probe import FAIL, OK, SKIP, WARN, Probe
 from sink_service.shared.kafka_access import refusal
 
 if TYPE_CHECKING:
@@ -37,31 +38,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-OK, FAIL, WARN, SKIP = "OK", "FAIL", "WARN", "SKIP"
 BOOTSTRAP_SETTING = "SINK_KAFKA_BOOTSTRAP_SERVERS"
 SHOWN_TOPICS = 10  # a pattern's matches named in its line; the rest are counted
 HTTP_ANSWER = "1213486160"  # "HTTP" read as a Kafka response size: librdkafka talked to a web server
-
-
-@dataclass
-class Probe:
-    """One line of the check: what was probed, how it went, and what to change when it failed."""
-
-    status: str  # OK, FAIL, WARN (works, but look) or SKIP (not probed, not a failure)
-    what: str
-    reason: str = ""
-    fix: str | None = None  # a SINK_* setting, or what else to change
-    seconds: float = 0.0
-
-    @property
-    def failed(self) -> bool:
-        return self.status == FAIL
-
-    def line(self) -> str:
-        if self.status == OK:
-            return f"OK {self.what}" + (f" ({self.reason})" if self.reason else "")
-        text = f"{self.status} {self.what}: {self.reason}"
-        return text + (f" — fix {self.fix}" if self.fix else "")
 
 
 class NoAnswer(Exception):

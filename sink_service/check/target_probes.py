@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from sink_service.cli.probes import FAIL, OK, SKIP, WARN, Probe
+from sink_service.check.probe import FAIL, OK, SKIP, WARN, Probe
 from uploader.errors import FatalUploadError, UploadError
 from uploader.masking import mask_userinfo, redact
 
