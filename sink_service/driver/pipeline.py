@@ -20,11 +20,9 @@ from confluent_kafka import KafkaException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from sink_service.config import STRUCTURED_KEY_FORMATS, SinkConfig, csv_character, transform_for
+from sink_service.config import SinkConfig, transform_for
+from sink_service.config.decode_spec import decode_spec
 from sink_service.config.upload_targets import build_target, target_settings
-from sink_service.decode import DecodeSpec
-from sink_service.decode.csv_values import CsvFormat
-from sink_service.decode.registry import RegistrySettings
 from sink_service.driver.backlog import BacklogProgress
 from sink_service.driver.health import Health
 from sink_service.driver.metrics import SinkMetrics
@@ -39,7 +37,6 @@ from sink_service.kafka_source.membership import CommitRefused, GroupMembership
 from sink_service.kafka_source.offsets import KafkaOffsets
 from sink_service.kafka_source.planner_hints import PlannerHints
 from sink_service.kafka_source.positions import nest
-from sink_service.shared.ddl import parse_ddl
 from sink_service.task.dead_letters import DeadLetterSpec
 from sink_service.task.partition_task import ERROR_PROCESSING, RESULT_SCHEMA_DDL, STATUS_FATAL, STATUS_OK, TaskSpec
 from sink_service.task.upload_signals import NO_SIGNALS, LiveUploads, SignalChannel, signal_url
@@ -56,28 +53,6 @@ class BatchIncomplete(Exception):
 
 class FatalPipelineError(Exception):
     """Retrying cannot fix this; the service stops with a non-zero exit."""
-
-
-def decode_spec(config: SinkConfig) -> DecodeSpec:
-    """How records become rows under `config`: the tasks' and `sink-service verify`'s one source."""
-    value_schema = parse_ddl(config.value_schema) if config.value_schema else None
-    return DecodeSpec(
-        value_schema, config.primary_keys, config.order_field, key_format=config.key_format,
-        key_fields_prefix=config.key_fields_prefix, tombstones=config.tombstones,
-        metadata_columns=config.selected_metadata_columns(),
-        primary_keys_from_key=not config.primary_keys and config.key_format in STRUCTURED_KEY_FORMATS,
-        value_format=config.value_format,
-        registry=RegistrySettings(config.schema_registry_url, config.schema_registry_basic_auth or "",
-                                 config.tls_ca_bundle)
-        if config.schema_registry_url else None,
-        csv=CsvFormat(parse_ddl(config.csv_columns) if config.csv_columns else None, config.csv_header,
-                      csv_character(config.csv_delimiter, ","), csv_character(config.csv_quote, '"'))
-        if config.value_format == "csv" else None,
-        flatten=config.flatten, flatten_discard_collections=config.flatten_discard_collections,
-        lowercase_fields=config.lowercase_fields, decimals_as_double=config.decimals_as_double,
-        obfuscate_fields=config.obfuscate_fields, obfuscation_method=config.obfuscation_method,
-        obfuscation_salt=(config.obfuscation_salt or "").encode(),
-    )
 
 
 class Pipeline:

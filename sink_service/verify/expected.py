@@ -3,7 +3,7 @@
 The records are read with the tasks' range reader and decoded with the tasks' own code
 (`sink_service.decode.decode`, the transform, and the task's split of unreadable headers and its
 record-by-record pass for a batch that cannot be written), under the `DecodeSpec` the service builds
-(`sink_service.driver.pipeline.decode_spec`). The rows are written, a bounded batch at a time, by the
+(`sink_service.config.decode_spec`). The rows are written, a bounded batch at a time, by the
 task's `PartitionFileWriter` into spill Parquet files: the same widening of types, so they compare
 with the target's files column for column. Nothing is kept per key in Python: duckdb later finds
 the latest row per key in these files (`compare.py`).

@@ -44,7 +44,7 @@ def verify(config: SinkConfig, options: VerifyOptions) -> Report:
     if not config.primary_keys and config.key_format not in STRUCTURED_KEY_FORMATS:
         raise CannotVerify("SINK_PRIMARY_KEYS is not set: the target appends rows instead of upserting them, so "
                            "there is no latest row per key to compare")
-    from sink_service.driver.pipeline import decode_spec  # the service's own spec: one source (imports pyspark)
+    from sink_service.config.decode_spec import decode_spec  # the service's own spec: one source
 
     topics = topics_of(config)
     parts = positions(config, partitions_of(config, topics))

@@ -16,8 +16,8 @@ from confluent_kafka import Producer
 
 from devkit.kafka_data import create_topics, reset_offsets
 from sink_service.config import SinkConfig, transform_for
+from sink_service.config.decode_spec import decode_spec
 from sink_service.config.upload_targets import build_target, target_settings
-from sink_service.driver.pipeline import decode_spec
 from sink_service.task import range_reader
 from sink_service.task.partition_task import TaskSpec, process_range
 from sink_service.task.range_reader import consumer_config, read_range
