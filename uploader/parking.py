@@ -42,6 +42,8 @@ CONTENT_REJECTIONS: Mapping[str, frozenset[str]] = {
     "ems": frozenset({"http_400", "http_413"}),
     # S3 does not read the file; only its size can be refused (or a 413 from a proxy in front).
     "s3": frozenset({"s3_EntityTooLarge", "http_413"}),
+    # Delta: a column type the table cannot take (uploader.delta, a narrowing), or a key column missing.
+    "delta": frozenset({"delta_schema"}),
 }
 
 

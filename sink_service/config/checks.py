@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from sink_service.config.declare import MASK
 from sink_service.config.decode import REGISTRY_FORMATS, STRUCTURED_KEY_FORMATS, csv_character
 from sink_service.config.kafka import KAFKA_PASSTHROUGH_PREFIX, RESERVED_KAFKA_OPTIONS, starting_offsets_problems
-from sink_service.config.target import S3_URL_SCHEME
+from sink_service.config.target import S3_URL_SCHEME, check_delta
 from uploader.masking import mask_userinfo
 
 if TYPE_CHECKING:
@@ -74,6 +74,8 @@ def _check_target(c: SinkConfig) -> list[str]:
         return _check_s3(c)
     if c.target == "dir":
         return [] if c.dir_path else ["SINK_DIR_PATH is required when SINK_TARGET=dir."]
+    if c.target == "delta":
+        return check_delta(c) + (_check_s3_endpoint(c) if (c.delta_table_uri or "").startswith(S3_URL_SCHEME) else [])
     problems = []
     if not c.ems_endpoint:
         problems.append("SINK_EMS_ENDPOINT is required when SINK_TARGET=ems.")

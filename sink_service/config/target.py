@@ -15,8 +15,9 @@ class TargetSettings:
 
     target: str = setting(
         "SINK_TARGET", "Where files go: `ems` (Celonis EMS continuous push), `s3` (Amazon S3 or an "
-        "S3-compatible store) or `dir` (a local or mounted directory).", "ems",
-        choices=("ems", "s3", "dir"), group="Target")
+        "S3-compatible store), `dir` (a local or mounted directory) or `delta` (each file merged into a Delta "
+        "Lake table, latest row per key, exactly once).", "ems",
+        choices=("ems", "s3", "dir", "delta"), group="Target")
     ems_endpoint: str | None = setting(
         "SINK_EMS_ENDPOINT", "EMS continuous-push URL, `https://<team>.<realm>.celonis.cloud/"
         "continuous-batch-processing/api/v1/<pool-id>/items`. Plain http only to loopback.",
@@ -71,9 +72,24 @@ class TargetSettings:
         "named like S3 objects, `<path>/<topic>/<partition>/<first>-<last>.parquet`, and written "
         "atomically (temporary `.<name>.tmp-<id>` file, fsync, rename). On a cluster every executor "
         "must see the same directory.", group="Target")
+    delta_table_uri: str | None = setting(
+        "SINK_DELTA_TABLE_URI", "Delta table each file is merged into; required when `SINK_TARGET=delta`. A "
+        "directory or `s3://<bucket>/<path>` (reached with `SINK_S3_ENDPOINT_URL`, `SINK_S3_REGION` and boto3's "
+        "credentials, resolved by boto3 and handed to delta-rs). `{topic}` is replaced by the topic name. Created "
+        "on the first write from that file's schema. Rows are merged on `SINK_PRIMARY_KEYS` by "
+        "`SINK_ORDER_FIELD` (EMS's rule), and each commit stores its partition's offsets, so a replay is never "
+        "applied twice.", group="Target")
+    delta_partition_by: tuple[str, ...] = setting(
+        "SINK_DELTA_PARTITION_BY", "Comma-separated partition columns of a Delta table the service creates "
+        "(none by default). Ignored for a table that exists.", (), group="Target")
+    delta_hard_deletes: bool = setting(
+        "SINK_DELTA_HARD_DELETES", "With `SINK_TARGET=delta` and `SINK_TOMBSTONES=soft-delete`: a tombstone "
+        "newer than the key's row deletes that row from the table instead of storing it with `_deleted=true`.",
+        False, group="Target")
     rejected_file_policy: str = setting(
         "SINK_REJECTED_FILE_POLICY", "A file the endpoint rejects as bad content (EMS: HTTP 400 or 413; S3: "
-        "`EntityTooLarge`): `fail` stops the service with exit 3; `park` writes it and the endpoint's answer to "
+        "`EntityTooLarge`; Delta: a column type the table cannot take): `fail` stops the service with exit 3; "
+        "`park` writes it and the endpoint's answer to "
         "`SINK_PARKED_PATH`, commits its offsets, counts it in `sink_parked_files_total`, logs an "
         "ERROR and continues. Every other rejection is a configuration problem and stops the service either "
         "way: EMS's 401/403/404, and S3's credential, region and clock errors even when S3 sends them as "
@@ -101,3 +117,21 @@ class TargetSettings:
         "SINK_UPLOAD_RETRY_BUDGET_MS", "How long one file's upload is retried (exponential backoff "
         "with jitter, honouring Retry-After) before its micro-batch fails and is replayed from the "
         "committed offsets.", 60_000, minimum=0, group="Target")
+
+
+def check_delta(c: object) -> list[str]:
+    """`SINK_TARGET=delta`'s own settings (a `SinkConfig`); the S3 endpoint is checked as for the s3 target."""
+    uri: str = getattr(c, "delta_table_uri", None) or ""
+    problems = []
+    if not uri.strip():
+        problems.append("SINK_DELTA_TABLE_URI is required when SINK_TARGET=delta: a directory or "
+                        "`s3://<bucket>/<path>` (`{topic}` gives one table per topic).")
+    elif "://" in uri and not uri.startswith(S3_URL_SCHEME):
+        problems.append(f"SINK_DELTA_TABLE_URI must be a directory or an `s3://<bucket>/<path>` URI, not "
+                        f"{uri.split('://')[0]}://.")
+    elif uri.startswith(S3_URL_SCHEME) and not uri[len(S3_URL_SCHEME):].partition("/")[0]:
+        problems.append(f"SINK_DELTA_TABLE_URI={uri} names no bucket; use `s3://<bucket>/<path>`.")
+    if getattr(c, "delta_hard_deletes", False) and getattr(c, "tombstones", "") != "soft-delete":
+        problems.append("SINK_DELTA_HARD_DELETES=true needs SINK_TOMBSTONES=soft-delete: deletes reach the "
+                        "table as rows with `_deleted=true`.")
+    return problems

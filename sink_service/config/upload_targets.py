@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from sink_service.config.settings import SinkConfig
 from sink_service.config.target import S3_URL_SCHEME
+from uploader.delta_settings import DeltaSettings
 from uploader.directory import DirectorySettings, DirectoryTarget
 from uploader.ems import EmsSettings, EmsTarget
 from uploader.parking import ParkingSettings, ParkingTarget
@@ -15,7 +16,7 @@ from uploader.retry import RetryPolicy
 from uploader.s3_settings import S3Settings
 from uploader.target import UploadTarget
 
-TargetSettings = EmsSettings | S3Settings | DirectorySettings | ParkingSettings
+TargetSettings = EmsSettings | S3Settings | DirectorySettings | DeltaSettings | ParkingSettings
 
 
 def target_settings(config: SinkConfig) -> TargetSettings:
@@ -50,13 +51,19 @@ def s3_settings(config: SinkConfig, bucket: str, prefix: str, retry: RetryPolicy
     )
 
 
-def _plain_settings(config: SinkConfig) -> EmsSettings | S3Settings | DirectorySettings:
+def _plain_settings(config: SinkConfig) -> EmsSettings | S3Settings | DirectorySettings | DeltaSettings:
     retry = RetryPolicy(max_elapsed_s=config.upload_retry_budget_ms / 1000)
     timeout_s = config.upload_timeout_ms / 1000
     if config.target == "s3":
         return s3_settings(config, config.s3_bucket, config.s3_prefix or "", retry)
     if config.target == "dir":
         return DirectorySettings(path=config.dir_path, retry=retry)
+    if config.target == "delta":
+        return DeltaSettings(
+            table_uri=config.delta_table_uri or "", group_id=config.group_id,
+            partition_by=tuple(config.delta_partition_by), hard_deletes=config.delta_hard_deletes,
+            endpoint_url=config.s3_endpoint_url, region=config.s3_region, request_timeout_s=timeout_s,
+            retry=retry)
     if config.target != "ems":
         raise ValueError(f"unknown SINK_TARGET {config.target!r}")
     return EmsSettings(
@@ -86,4 +93,8 @@ def build_target(settings: TargetSettings) -> UploadTarget:
         return S3Target(settings)
     if isinstance(settings, DirectorySettings):
         return DirectoryTarget(settings)
+    if isinstance(settings, DeltaSettings):
+        from uploader.delta import DeltaTarget  # deltalake only for a Delta target
+
+        return DeltaTarget(settings)
     raise TypeError(f"no upload target for {type(settings).__name__}")

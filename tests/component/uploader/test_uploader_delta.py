@@ -1,0 +1,292 @@
+"""DeltaTarget against real Delta tables (delta-rs) on a local directory and on moto's S3 server.
+
+Every table is read back two ways: with deltalake itself, and with pyarrow over the table's active
+Parquet files. Applications are counted from `DeltaTable.history()` (the file name each commit carries).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import boto3
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+
+from sink_service.config import ConfigError, load_config
+from sink_service.config.upload_targets import build_target, target_settings
+from tests.support.uploader_fixtures import metadata_builder
+from uploader.delta import CONFLICT, META_FILE, NARROWING, DeltaTarget
+from uploader.delta_settings import DeltaSettings
+from uploader.directory import DirectorySettings
+from uploader.errors import FatalUploadError
+from uploader.parking import PARKED_TARGET, ParkingTarget
+from uploader.retry import RetryPolicy
+from uploader.target import FileMetadata
+
+pytestmark = pytest.mark.usefixtures("aws_env")
+
+FAST = RetryPolicy(max_elapsed_s=30.0, initial_backoff_s=0.01, max_backoff_s=0.2)
+metadata = metadata_builder(topic="orders", partition=0, primary_keys=("id",), order_column="_offset")
+SCHEMA = pa.schema([("id", pa.int64()), ("status", pa.string()), ("amount", pa.float64()),
+                    ("_offset", pa.int64()), ("_deleted", pa.bool_())])
+
+
+class Place:
+    """Where a test's table lives, and how to read it back independently of the target."""
+
+    def __init__(self, uri: str, settings: DeltaSettings, storage: dict[str, str] | None,
+                 fs: pafs.FileSystem | None) -> None:
+        self.uri, self.settings, self.storage, self.fs = uri, settings, storage, fs
+
+    def target(self, **changes: object) -> DeltaTarget:
+        settings = self.settings if not changes else DeltaSettings(**{**self.settings.__dict__, **changes})
+        return DeltaTarget(settings)
+
+    def table(self) -> DeltaTable:
+        return DeltaTable(self.uri.replace("{topic}", "orders"), storage_options=self.storage)
+
+    def rows(self) -> dict[int, dict]:
+        """The latest state read with deltalake, by key."""
+        return {r["id"]: r for r in self.table().to_pyarrow_table().to_pylist()}
+
+    def rows_from_files(self) -> dict[int, dict]:
+        """The same state read with pyarrow over the table's active files, without deltalake's reader."""
+        parts = []
+        for uri in self.table().file_uris():
+            if self.fs is None:
+                parts.append(pq.read_table(uri))
+            else:
+                parts.append(pq.read_table(uri.removeprefix("s3://"), filesystem=self.fs))
+        table = pa.concat_tables(parts, promote_options="permissive")
+        return {r["id"]: r for r in table.to_pylist()}
+
+    def applications(self) -> Counter:
+        """How many commits applied each file, from the table's history.
+
+        On moto, delta-rs's `history()` hangs in its log listing (the target never lists the log that way),
+        so there the commits' `commitInfo` is read from `_delta_log/*.json` itself: the same records."""
+        if self.fs is None:
+            return Counter(c[META_FILE] for c in self.table().history() if META_FILE in c)
+        log = self.uri.replace("{topic}", "orders").removeprefix("s3://") + "/_delta_log"
+        infos = []
+        for info in self.fs.get_file_info(pafs.FileSelector(log)):
+            if info.path.endswith(".json"):
+                with self.fs.open_input_stream(info.path) as stream:
+                    lines = stream.read().decode().splitlines()
+                infos += [action["commitInfo"] for action in map(json.loads, lines) if "commitInfo" in action]
+        return Counter(c[META_FILE] for c in infos if META_FILE in c)
+
+
+@pytest.fixture(params=["dir", "s3"])
+def place(request, tmp_path) -> Place:
+    if request.param == "dir":
+        uri = str(tmp_path / "tables" / "{topic}")
+        return Place(uri, DeltaSettings(table_uri=uri, group_id="g1", retry=FAST), None, None)
+    moto_url = request.getfixturevalue("moto_url")
+    bucket = f"delta-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1").create_bucket(Bucket=bucket)
+    uri = f"s3://{bucket}/lake/{{topic}}"
+    settings = DeltaSettings(table_uri=uri, group_id="g1", endpoint_url=moto_url, region="us-east-1", retry=FAST)
+    storage = {"AWS_ACCESS_KEY_ID": "testing-key-id", "AWS_SECRET_ACCESS_KEY": "testing-secret-key",
+               "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": moto_url, "AWS_ALLOW_HTTP": "true"}
+    host = urlsplit(moto_url)
+    fs = pafs.S3FileSystem(access_key="testing-key-id", secret_key="testing-secret-key", region="us-east-1",
+                           endpoint_override=f"{host.hostname}:{host.port}", scheme="http")
+    return Place(uri, settings, storage, fs)
+
+
+@pytest.fixture
+def parquet(tmp_path) -> Callable[..., Path]:
+    """parquet(rows, schema=SCHEMA) -> a Parquet file holding them."""
+
+    def write(rows: list[dict], schema: pa.Schema = SCHEMA) -> Path:
+        path = tmp_path / f"file-{uuid.uuid4().hex}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+        return path
+
+    return write
+
+
+def row(key: int, offset: int, status: str = "NEW", amount: float = 1.0, deleted: bool = False) -> dict:
+    return {"id": key, "status": status, "amount": amount, "_offset": offset, "_deleted": deleted}
+
+
+def span(rows: list[dict], partition: int = 0) -> FileMetadata:
+    offsets = [r["_offset"] for r in rows]
+    return metadata(partition=partition, first_offset=min(offsets), last_offset=max(offsets), record_count=len(rows))
+
+
+def upload(target: DeltaTarget, parquet: Callable[..., Path], rows: list[dict], partition: int = 0):
+    return target.upload(parquet(rows), span(rows, partition))
+
+
+def test_latest_row_per_key_through_updates_and_soft_deletes(place, parquet):
+    target = place.target()
+    upload(target, parquet, [row(1, 0), row(2, 1), row(1, 2, "PAID"), row(3, 3)])  # key 1 twice in one file
+    upload(target, parquet, [row(2, 4, "SHIPPED"), row(3, 5, deleted=True), row(4, 6)])
+    upload(target, parquet, [row(1, 7, "REFUNDED", 9.5), row(4, 8, "PAID")])
+
+    expected = {1: row(1, 7, "REFUNDED", 9.5), 2: row(2, 4, "SHIPPED"), 3: row(3, 5, deleted=True),
+                4: row(4, 8, "PAID")}
+    assert place.rows() == expected
+    assert place.rows_from_files() == expected
+    assert set(place.applications().values()) == {1}
+    assert len(place.applications()) == 3
+
+
+def test_a_replayed_file_changes_nothing_and_is_applied_once(place, parquet):
+    target = place.target()
+    rows = [row(1, 10), row(2, 11)]
+    path = parquet(rows)
+    first = target.upload(path, span(rows))
+    version = place.table().version()
+
+    again = target.upload(path, span(rows))  # the same worker replays it (its upload was not committed in Kafka)
+    fresh = place.target().upload(path, span(rows))  # a restarted service replays it
+
+    assert place.table().version() == version
+    assert again.details["skipped"] and fresh.details["skipped"] and not first.details["skipped"]
+    assert place.applications() == Counter({span(rows).file_name(): 1})
+    assert place.table().transaction_version("kafka-parquet-sink/g1/orders/0") == 12
+
+
+def test_a_replay_whose_file_overlaps_the_table_applies_only_the_new_offsets(place, parquet):
+    target = place.target()
+    upload(target, parquet, [row(1, 10, "A"), row(2, 11, "A")])
+    # After a crash the range is read again from Kafka's (older) committed offset and cut differently.
+    receipt = upload(place.target(), parquet, [row(1, 10, "A"), row(2, 11, "A"), row(2, 12, "B"), row(3, 13, "B")])
+
+    assert receipt.details["rows"] == 2  # offsets 12 and 13 only
+    assert place.rows() == {1: row(1, 10, "A"), 2: row(2, 12, "B"), 3: row(3, 13, "B")}
+    assert place.table().transaction_version("kafka-parquet-sink/g1/orders/0") == 14
+
+
+def test_an_older_file_applied_late_moves_no_key_back(place, parquet):
+    target = place.target()
+    upload(target, parquet, [row(1, 50, "NEW"), row(2, 51, "NEW")], partition=0)
+    # The same keys with lower order values, under another transaction (a hand push, another partition):
+    # the order column rule, not the transaction, keeps them out.
+    upload(target, parquet, [row(1, 5, "OLD"), row(2, 60, "NEWER"), row(9, 6, "OTHER")], partition=1)
+
+    assert place.rows() == {1: row(1, 50), 2: row(2, 60, "NEWER"), 9: row(9, 6, "OTHER")}
+
+
+def test_hard_deletes_remove_the_row_and_an_older_delete_does_not(place, parquet):
+    target = place.target(hard_deletes=True)
+    upload(target, parquet, [row(1, 0), row(2, 1), row(3, 2)])
+    upload(target, parquet, [row(1, 3, deleted=True), row(5, 4, deleted=True), row(2, 5, "PAID")])
+    upload(target, parquet, [row(2, 0, deleted=True)], partition=1)  # older than the table's row of key 2
+
+    assert place.rows() == {2: row(2, 5, "PAID"), 3: row(3, 2)}
+    assert place.rows_from_files() == place.rows()
+
+
+def test_a_table_is_created_partitioned_when_asked(place, parquet):
+    target = place.target(partition_by=("status",))
+    upload(target, parquet, [row(1, 0, "NEW"), row(2, 1, "PAID")])
+    assert place.table().metadata().partition_columns == ["status"]
+    assert place.rows() == {1: row(1, 0, "NEW"), 2: row(2, 1, "PAID")}
+
+
+def test_new_columns_are_added_and_a_narrowing_is_a_content_rejection(place, parquet, tmp_path):
+    target = place.target()
+    upload(target, parquet, [row(1, 0)])
+    wider = SCHEMA.append(pa.field("note", pa.string()))
+    target.upload(parquet([{**row(2, 1), "note": "hello"}], wider), span([row(2, 1)]))
+    assert place.rows()[2]["note"] == "hello" and place.rows()[1]["note"] is None
+
+    narrow = pa.schema([("id", pa.int64()), ("status", pa.string()), ("amount", pa.string()),
+                        ("_offset", pa.int64()), ("_deleted", pa.bool_())])
+    bad = {**row(3, 2), "amount": "a lot"}
+    with pytest.raises(FatalUploadError) as caught:
+        target.upload(parquet([bad], narrow), span([bad]))
+    error = caught.value
+    assert error.reason == NARROWING and error.setting == "SINK_REJECTED_FILE_POLICY"
+    for words in ("topic orders", "partition 0", "offsets 2-2", "'amount'", "SINK_REJECTED_FILE_POLICY=park"):
+        assert words in str(error)
+
+    # A double for an int column would be truncated by delta-rs's own cast (9.5 -> 9): refused instead.
+    doubles = pa.schema([("id", pa.int64()), ("status", pa.string()), ("amount", pa.float64()),
+                         ("_offset", pa.float64()), ("_deleted", pa.bool_())])
+    with pytest.raises(FatalUploadError, match="'_offset' is double in the file but int64"):
+        target.upload(parquet([{**row(4, 3), "_offset": 3.5}], doubles), span([row(4, 3)]))
+
+    parking = ParkingTarget(place.target(), DirectorySettings(path=str(tmp_path / "parked")))
+    receipt = parking.upload(parquet([bad], narrow), span([bad]))
+    assert receipt.target == PARKED_TARGET
+    sidecar = json.loads(Path(receipt.location + ".response.json").read_text())
+    assert sidecar["reason"] == NARROWING
+    assert set(place.rows()) == {1, 2}
+
+
+def test_two_writers_on_one_table_retry_their_conflicts_and_lose_nothing(place, parquet):
+    """Two targets (two services) merge files of their own partitions into one table at once, and both
+    also race to apply the same files: every conflict is retried, every row lands, each file once."""
+    retries: Counter = Counter()
+    files = {p: [[row(1000 * p + k, 10 * n + k, f"v{n}") for k in range(5)] for n in range(4)] for p in range(2)}
+    shared = [[row(500 + k, 100 * n + k, f"s{n}") for k in range(3)] for n in range(3)]
+    shared_paths = [parquet(rows) for rows in shared]
+    errors: list[BaseException] = []
+
+    def writer(partition: int) -> None:
+        target = place.target()
+        try:
+            for rows in files[partition]:
+                target.upload(parquet(rows), span(rows, partition),
+                              on_retry=lambda e, attempt, wait: retries.update([e.reason]))
+            for rows, path in zip(shared, shared_paths, strict=True):  # both writers apply partition 9's files
+                target.upload(path, span(rows, 9), on_retry=lambda e, attempt, wait: retries.update([e.reason]))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(p,)) for p in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert not errors
+    expected = {r["id"]: r for group in (*files[0], *files[1]) for r in group}
+    expected.update({r["id"]: r for r in shared[-1]})
+    assert place.rows() == expected
+    assert place.rows_from_files() == expected
+    applications = place.applications()
+    assert len(applications) == 8 + 3 and set(applications.values()) == {1}
+    assert set(retries) <= {CONFLICT}
+    print(f"conflicts retried: {retries[CONFLICT]}; applications per file: {sorted(set(applications.values()))}")
+
+
+def test_without_primary_keys_rows_are_appended_once(place, parquet):
+    target = place.target()
+    rows = [row(1, 0), row(1, 1)]
+    path = parquet(rows)
+    for _ in range(2):
+        target.upload(path, dataclasses.replace(span(rows), primary_keys=(), order_column=None))
+    assert place.table().to_pyarrow_table().num_rows == 2
+
+
+def test_the_service_configuration_builds_a_delta_target(monkeypatch, tmp_path):
+    env = {"SINK_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092", "SINK_TOPICS": "orders", "SINK_GROUP_ID": "grp",
+           "SINK_TARGET": "delta", "SINK_DELTA_TABLE_URI": str(tmp_path / "{topic}"), "SINK_PRIMARY_KEYS": "id",
+           "SINK_DELTA_PARTITION_BY": "status"}
+    config = load_config(env)
+    settings = target_settings(config)
+    assert isinstance(settings, DeltaSettings)
+    assert settings.app_id("orders", 2) == "kafka-parquet-sink/grp/orders/2"
+    assert settings.partition_by == ("status",)
+    assert isinstance(build_target(settings), DeltaTarget)
+
+    with pytest.raises(ConfigError, match="SINK_DELTA_TABLE_URI is required"):
+        load_config({**env, "SINK_DELTA_TABLE_URI": ""})
+    with pytest.raises(ConfigError, match="SINK_DELTA_HARD_DELETES=true needs SINK_TOMBSTONES=soft-delete"):
+        load_config({**env, "SINK_DELTA_HARD_DELETES": "true"})

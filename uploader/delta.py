@@ -1,0 +1,371 @@
+"""Delta Lake target: each closed file is merged into a Delta table (delta-rs, no JVM), exactly once.
+
+Upsert semantics are EMS's (`duplicateRemovalOrderColumn`), applied here:
+- the file's rows are first reduced to the latest row per primary key (highest order value; without an
+  order column the last in the file), because a merge needs unique source keys;
+- `MERGE ... ON t.k = s.k`: a source row replaces the table's row only when the table's order value
+  is NULL or lower, so an older file applied late (or a replay) never moves a key back;
+- rows carry `_deleted` under `SINK_TOMBSTONES=soft-delete` and are stored like any row (soft delete);
+  with `SINK_DELTA_HARD_DELETES=true` a newer `_deleted` row deletes the key's row instead, and a
+  deleted key not in the table is not inserted;
+- without primary keys the rows are appended, as EMS appends them.
+
+Exactly once. The file's partition progress rides in the same Delta commit as its rows: an application
+transaction `(app_id, version)` with app_id `kafka-parquet-sink/<group>/<topic>/<partition>` and
+version `last offset + 1`. Before merging, the target reads `DeltaTable.transaction_version(app_id)`
+from the newest snapshot: a file the table already covers is skipped (a replay after a crash, or the
+table ahead of Kafka's committed offsets), and a file that overlaps the covered range is applied only
+from the covered end on (by its `_offset` column). Commits are made with `max_commit_retries=0`:
+delta-rs writes the next log entry put-if-absent (local file systems and S3's conditional writes), so
+any commit that lands between our read and our commit fails ours, and the retry re-reads the table and
+checks the transaction again. A conflict is never resolved by delta-rs behind our back, which is what
+makes "never applied twice" hold for two writers on one partition too (a zombie after a rebalance).
+A conflict is a RetryableUploadError with reason `delta_conflict` (counted per reason like every retry).
+
+A narrowing the table cannot take (a string for an int column, a double for an int column) is a
+FatalUploadError with reason `delta_schema`, naming topic, partition, offsets and column: a content
+rejection, parked under SINK_REJECTED_FILE_POLICY=park like an EMS 400. New columns are added
+(`merge_schema`); a column the table holds but the file lacks is NULL in rows the file inserts or replaces.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Self
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError, SchemaMismatchError, TableNotFoundError
+
+from uploader.delta_settings import (
+    HARD_DELETES_SETTING,
+    POLICY_SETTING,
+    TABLE_URI_SETTING,
+    DeltaSettings,
+)
+from uploader.errors import FatalUploadError, RetryableUploadError, UploadError
+from uploader.retry import OnRetry, call_with_retries
+from uploader.s3_settings import CREDENTIALS_SETTING, ENDPOINT_URL_SETTING
+from uploader.target import FileMetadata, Receipt
+
+log = logging.getLogger(__name__)
+
+DELETED = "_deleted"
+OFFSET = "_offset"
+NARROWING = "delta_schema"
+CONFLICT = "delta_conflict"
+# Written into each commit's info (DeltaTable.history()), so applications per file can be counted.
+META_FILE = "kafka_parquet_sink.file"
+META_APP_ID = "kafka_parquet_sink.app_id"
+META_FIRST = "kafka_parquet_sink.first_offset"
+META_LAST = "kafka_parquet_sink.last_offset"
+_ROW = "__delta_target_row__"
+_FATAL_STORE_WORDS = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
+                      "InvalidToken", "403 Forbidden", "status: 403", "Forbidden")
+_MISSING_BUCKET_WORDS = ("NoSuchBucket",)
+
+
+class DeltaTarget:
+    """UploadTarget merging files into Delta tables; one per Python worker, reused across tasks."""
+
+    name = "delta"
+
+    def __init__(self, settings: DeltaSettings) -> None:
+        self.settings = settings
+        self._tables: dict[str, tuple[DeltaTable, tuple[Any, ...]]] = {}
+        self._lock = threading.Lock()
+
+    # --- the interface --------------------------------------------------------------------------
+
+    def upload(self, path: pathlib.Path, metadata: FileMetadata, on_retry: OnRetry | None = None) -> Receipt:
+        """Merge the file unless the table already holds its range; retried on conflicts and I/O errors."""
+        path = pathlib.Path(path)
+        size = path.stat().st_size
+        uri = self.settings.uri_for(metadata.topic)
+        started = time.monotonic()
+        with self._lock:  # one merge at a time per worker; tasks of a worker run one after the other anyway
+            details, attempts = call_with_retries(
+                lambda attempt: self._apply(path, metadata, uri), self.settings.retry, on_retry)
+        return Receipt(
+            target=self.name,
+            location=f"{uri}@v{details['version']}",
+            response_id=str(details["version"]),
+            bytes=size,
+            attempts=attempts,
+            duration_s=time.monotonic() - started,
+            details=details,
+        )
+
+    def describe_request(self, path: pathlib.Path, metadata: FileMetadata) -> dict[str, Any]:
+        """What upload() would do; for a --dry-run that touches no table."""
+        return {
+            "method": "Delta MERGE (latest row per key, order column rule) with an application transaction",
+            "table_uri": self.settings.uri_for(metadata.topic),
+            "app_id": self.settings.app_id(metadata.topic, metadata.partition),
+            "transaction_version": metadata.last_offset + 1,
+            "primary_keys": list(metadata.primary_keys),
+            "order_column": metadata.order_column,
+            "hard_deletes": self.settings.hard_deletes,
+            "file_path": str(path),
+            "file_size": pathlib.Path(path).stat().st_size,
+        }
+
+    def close(self) -> None:
+        self._tables.clear()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- one attempt ----------------------------------------------------------------------------
+
+    def _apply(self, path: pathlib.Path, metadata: FileMetadata, uri: str) -> dict[str, Any]:
+        what = f"Delta merge of {metadata.file_name()} into {uri}"
+        app_id = self.settings.app_id(metadata.topic, metadata.partition)
+        end = metadata.last_offset + 1
+        try:
+            table = self._open(uri)
+            done = table.transaction_version(app_id) if table is not None else None
+            if done is not None and done >= end:
+                log.info("%s skipped: the table already holds %s up to offset %d", what, app_id, done - 1)
+                return {"version": table.version(), "app_id": app_id, "skipped": True, "covered_to": done}
+            rows = pq.read_table(path)
+            if done is not None and done > metadata.first_offset and OFFSET in rows.column_names:
+                rows = rows.filter(pc.greater_equal(rows[OFFSET], pa.scalar(done, rows.schema.field(OFFSET).type)))
+            rows = _storable(rows)
+            if table is None:
+                table = self._create(uri, rows.schema)
+            rows = self._fit(rows, table, metadata, uri)
+            commit = CommitProperties(
+                app_transactions=[Transaction(app_id, end)],
+                max_commit_retries=0,
+                custom_metadata={META_FILE: metadata.file_name(), META_APP_ID: app_id,
+                                 META_FIRST: str(metadata.first_offset), META_LAST: str(metadata.last_offset)},
+            )
+            if metadata.primary_keys:
+                counts = self._merge(table, rows, metadata, commit)
+            else:
+                write_deltalake(table, rows, mode="append", schema_mode="merge", commit_properties=commit)
+                counts = {"num_target_rows_inserted": rows.num_rows}
+            table.update_incremental()
+        except UploadError:
+            self._forget(uri)
+            raise
+        except Exception as exc:  # deltalake raises its own errors and plain OSError/ValueError from Rust
+            self._forget(uri)
+            raise classify_error(exc, what=what, metadata=metadata) from exc
+        log.debug("%s applied as version %d: %s", what, table.version(), counts)
+        return {"version": table.version(), "app_id": app_id, "skipped": False, "covered_to": end,
+                "rows": rows.num_rows, **{k: v for k, v in counts.items() if k.startswith("num_")}}
+
+    def _merge(self, table: DeltaTable, rows: pa.Table, metadata: FileMetadata,
+               commit: CommitProperties) -> dict[str, Any]:
+        keys, order = metadata.primary_keys, metadata.order_column
+        for column in (*keys, *([order] if order else [])):
+            if column not in rows.column_names:
+                raise _refusal(metadata, self.settings.uri_for(metadata.topic),
+                               f"column {column!r} (a primary key or the order column) is missing from the file")
+        rows = latest_per_key(rows, keys, order)
+        on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in keys)
+        newer = f"(t.{_q(order)} IS NULL OR s.{_q(order)} > t.{_q(order)})" if order else None
+        merger = table.merge(rows, predicate=on, source_alias="s", target_alias="t", merge_schema=True,
+                             commit_properties=commit)
+        if self.settings.hard_deletes and DELETED in rows.column_names:
+            deleted = f"s.{_q(DELETED)} = true"
+            kept = f"(s.{_q(DELETED)} IS NULL OR s.{_q(DELETED)} = false)"
+            merger = merger.when_matched_delete(predicate=f"{deleted} AND {newer}" if newer else deleted)
+            merger = merger.when_matched_update_all(predicate=newer)
+            merger = merger.when_not_matched_insert_all(predicate=kept)
+        else:
+            merger = merger.when_matched_update_all(predicate=newer).when_not_matched_insert_all()
+        return merger.execute()
+
+    # --- tables ---------------------------------------------------------------------------------
+
+    def _open(self, uri: str) -> DeltaTable | None:
+        """The newest snapshot of the table, or None when there is none yet."""
+        options = self._storage_options()
+        cached = self._tables.get(uri)
+        if cached is not None and cached[1] == tuple(sorted(options.items())):
+            cached[0].update_incremental()
+            return cached[0]
+        try:
+            table = DeltaTable(uri, storage_options=options or None)
+        except TableNotFoundError:
+            return None
+        self._tables[uri] = (table, tuple(sorted(options.items())))
+        return table
+
+    def _create(self, uri: str, schema: pa.Schema) -> DeltaTable:
+        """Created from the first file's schema; `ignore`: another writer may create it at the same time."""
+        options = self._storage_options()
+        missing = [c for c in self.settings.partition_by if c not in schema.names]
+        if missing:
+            raise FatalUploadError(
+                f"cannot create the Delta table {uri}: partition column(s) {', '.join(missing)} are not among "
+                f"the file's columns ({', '.join(schema.names)}). Check SINK_DELTA_PARTITION_BY.",
+                reason="delta_partition_by", setting="SINK_DELTA_PARTITION_BY")
+        DeltaTable.create(uri, schema, mode="ignore", partition_by=list(self.settings.partition_by) or None,
+                          storage_options=options or None)
+        log.info("created the Delta table %s (partitioned by %s)", uri, list(self.settings.partition_by) or "nothing")
+        table = DeltaTable(uri, storage_options=options or None)
+        self._tables[uri] = (table, tuple(sorted(options.items())))
+        return table
+
+    def _forget(self, uri: str) -> None:
+        self._tables.pop(uri, None)
+
+    def _fit(self, rows: pa.Table, table: DeltaTable, metadata: FileMetadata, uri: str) -> pa.Table:
+        """The file's columns cast to the table's types where that loses nothing; a narrowing is refused."""
+        table_schema = pa.schema(table.schema().to_arrow())
+        columns = []
+        for name in rows.column_names:
+            column = rows[name]
+            if name not in table_schema.names:
+                columns.append(column)
+                continue
+            wanted = table_schema.field(name).type
+            if column.type.equals(wanted) or _same_kind(column.type, wanted):
+                columns.append(column)
+                continue
+            if not _widens_into(column.type, wanted):
+                raise _refusal(metadata, uri, f"column {name!r} is {column.type} in the file but {wanted} in the "
+                                              "table, and the table cannot take that without rewriting it")
+            try:
+                columns.append(pc.cast(column, wanted, safe=True))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise _refusal(metadata, uri, f"column {name!r} ({column.type}) does not fit the table's {wanted}: "
+                                              f"{exc}") from exc
+        return pa.table(columns, names=rows.column_names)
+
+    def _storage_options(self) -> dict[str, str]:
+        """delta-rs does not read boto3's chain: resolve the credentials with boto3 and pass them explicitly.
+
+        Resolved per attempt, so a refreshed role or web-identity token replaces the table handle."""
+        if not self.settings.on_s3():
+            return {}
+        import boto3  # only for tables on S3
+
+        session = boto3.session.Session()
+        credentials = session.get_credentials()
+        if credentials is None:
+            raise FatalUploadError(
+                f"Delta table {self.settings.table_uri}: boto3 found no credentials; this will not be retried. "
+                f"Check {CREDENTIALS_SETTING}.", reason="no_credentials", setting=CREDENTIALS_SETTING)
+        frozen = credentials.get_frozen_credentials()
+        options = {
+            "AWS_ACCESS_KEY_ID": frozen.access_key,
+            "AWS_SECRET_ACCESS_KEY": frozen.secret_key,
+            "AWS_REGION": self.settings.region or session.region_name or "us-east-1",
+            "timeout": f"{max(1, round(self.settings.request_timeout_s))}s",
+        }
+        if frozen.token:
+            options["AWS_SESSION_TOKEN"] = frozen.token
+        if self.settings.endpoint_url:
+            options["AWS_ENDPOINT_URL"] = self.settings.endpoint_url
+            if self.settings.endpoint_url.startswith("http://"):
+                options["AWS_ALLOW_HTTP"] = "true"
+        return options
+
+
+# --- rows -----------------------------------------------------------------------------------------
+
+def latest_per_key(rows: pa.Table, keys: Sequence[str], order: str | None) -> pa.Table:
+    """One row per key: the highest order value (nulls lose, ties keep the later row); without an
+    order column the last row of the key in the file, as if the rows were applied one by one."""
+    if rows.num_rows <= 1:
+        return rows
+    ranked = rows.append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
+    sort = [(k, "ascending") for k in keys] + ([(order, "descending")] if order else []) + [(_ROW, "descending")]
+    ranked = ranked.take(pc.sort_indices(ranked, sort_keys=sort))
+    first: pa.Array | None = None
+    for key in keys:
+        column = ranked[key].combine_chunks()
+        changed = pc.fill_null(pc.not_equal(column.slice(1), column.slice(0, len(column) - 1)), True)
+        first = changed if first is None else pc.or_(first, changed)
+    assert first is not None
+    return ranked.filter(pa.concat_arrays([pa.array([True]), first])).drop_columns([_ROW])
+
+
+def _storable(rows: pa.Table) -> pa.Table:
+    """Delta has no null type: an all-null column of a file is stored as a nullable string."""
+    for n, f in enumerate(rows.schema):
+        if pa.types.is_null(f.type):
+            rows = rows.set_column(n, f.name, pa.nulls(rows.num_rows, pa.string()))
+    return rows
+
+
+def _kind(t: pa.DataType) -> int | None:
+    """The decode lattice's order (bool < int < double < string); None for types outside it."""
+    if pa.types.is_boolean(t):
+        return 0
+    if pa.types.is_integer(t):
+        return 1
+    if pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return 2
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return 3
+    return None
+
+
+def _same_kind(have: pa.DataType, wanted: pa.DataType) -> bool:
+    """Both strings (string/large/view) or both the same timestamp family: delta-rs converts losslessly."""
+    return _kind(have) == 3 and _kind(wanted) == 3
+
+
+def _widens_into(have: pa.DataType, wanted: pa.DataType) -> bool:
+    """A file type the table's column may take: up the lattice, or one Arrow cast of the same family."""
+    a, b = _kind(have), _kind(wanted)
+    if a is None or b is None:
+        return True  # nested, temporal, binary: a safe cast decides
+    return a <= b
+
+
+def _q(column: str) -> str:
+    return "`" + column.replace("`", "``") + "`"
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+def _refusal(metadata: FileMetadata, uri: str, problem: str) -> FatalUploadError:
+    error = FatalUploadError(
+        f"Delta table {uri} refused {metadata.file_name()} (topic {metadata.topic}, partition "
+        f"{metadata.partition}, offsets {metadata.first_offset}-{metadata.last_offset}): {problem}. This will "
+        f"not be retried. {POLICY_SETTING}=park sets the file aside under SINK_PARKED_PATH, commits its offsets "
+        f"and continues; `fail` (the default) stops the service. To keep the column, write to a new table "
+        f"({TABLE_URI_SETTING}) or change the producer.",
+        reason=NARROWING, setting=POLICY_SETTING)
+    error.body = problem
+    return error
+
+
+def classify_error(exc: BaseException, *, what: str, metadata: FileMetadata) -> UploadError:
+    """Conflicts and store trouble retry; a schema the table cannot take and bad credentials need a person."""
+    detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+    text = str(exc)
+    if isinstance(exc, CommitFailedError):
+        return RetryableUploadError(f"{what}: another writer committed first; re-checking and retrying ({detail})",
+                                    reason=CONFLICT)
+    if isinstance(exc, SchemaMismatchError) or "Cast error" in text or "Schema error" in text:
+        return _refusal(metadata, what.rsplit(" into ", 1)[-1], detail)
+    if any(word in text for word in _FATAL_STORE_WORDS):
+        return FatalUploadError(
+            f"{what}: the store refused our credentials; this will not be retried. Check {CREDENTIALS_SETTING} "
+            f"and that they may read and write the table's location. ({detail})",
+            reason="delta_access", setting=CREDENTIALS_SETTING)
+    if any(word in text for word in _MISSING_BUCKET_WORDS):
+        return FatalUploadError(
+            f"{what}: the bucket does not exist; this will not be retried. Check {TABLE_URI_SETTING} and "
+            f"{ENDPOINT_URL_SETTING}. ({detail})", reason="delta_no_bucket", setting=TABLE_URI_SETTING)
+    if isinstance(exc, DeltaError | OSError | TimeoutError | ConnectionError):
+        return RetryableUploadError(f"{what} failed: {detail}", reason="delta_io")
+    return FatalUploadError(f"{what} failed: {detail}; this will not be retried. Check {TABLE_URI_SETTING} "
+                            f"and {HARD_DELETES_SETTING}.", reason="delta_error", setting=TABLE_URI_SETTING)
