@@ -25,6 +25,7 @@ from sink_service.config.decode_spec import decode_spec
 from sink_service.config.upload_targets import build_target, target_settings
 from sink_service.driver.backlog import BacklogProgress
 from sink_service.driver.health import Health
+from sink_service.driver.live_uploads import LiveUploads
 from sink_service.driver.metrics import SinkMetrics
 from sink_service.driver.offset_commit import ContiguousCommits, RangeOutcome
 from sink_service.driver.repeated_failures import Failure, RepeatedFailures, Streak
@@ -39,7 +40,7 @@ from sink_service.kafka_source.planner_hints import PlannerHints
 from sink_service.kafka_source.positions import nest
 from sink_service.task.dead_letters import DeadLetterSpec
 from sink_service.task.partition_task import ERROR_PROCESSING, RESULT_SCHEMA_DDL, STATUS_FATAL, STATUS_OK, TaskSpec
-from sink_service.task.upload_signals import NO_SIGNALS, LiveUploads, SignalChannel, signal_url
+from sink_service.task.upload_signals import NO_SIGNALS, SignalChannel, signal_url
 
 log = logging.getLogger(__name__)
 

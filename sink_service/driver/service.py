@@ -24,13 +24,14 @@ from pyspark.errors import StreamingQueryException
 
 from sink_service.config import SinkConfig
 from sink_service.driver.health import Health, HealthServer, SignalEndpoint
+from sink_service.driver.live_uploads import LiveUploads
 from sink_service.driver.metrics import SinkMetrics
 from sink_service.driver.scratch import ScratchError, claim_scratch
 from sink_service.kafka_source.membership import GroupMembership, instance_id
 from sink_service.kafka_source.positions import OffsetGapError
 from sink_service.startup.spark_session import start_spark
 from sink_service.startup.stop_signals import release_stop_signals, stop_signals_held
-from sink_service.task.upload_signals import SIGNAL_PATH, LiveUploads
+from sink_service.task.upload_signals import SIGNAL_PATH
 
 if TYPE_CHECKING:
     from sink_service.driver.pipeline import Pipeline

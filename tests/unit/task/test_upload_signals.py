@@ -11,12 +11,12 @@ import pytest
 import requests
 
 from sink_service.driver.health import Health, HealthServer, SignalEndpoint
+from sink_service.driver.live_uploads import LiveUploads
 from sink_service.task import upload_signals
 from sink_service.task.upload_signals import (
     NO_SIGNALS,
     SIGNAL_PATH,
     TOKEN_HEADER,
-    LiveUploads,
     SignalChannel,
     SignalSender,
 )
