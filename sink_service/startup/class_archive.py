@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from sink_service.startup.spark_home import _QUIET, ARCHIVE_NAME, OFF, _link_home, prepared_dir
+from sink_service.startup.spark_home import ARCHIVE_NAME, OFF, QUIET_CDS_LOGS, link_home, prepared_dir
 
 
 class _TrainingPartition(InputPartition):
@@ -66,7 +66,7 @@ def build_archive(target: Path) -> None:
         partial = Path(scratch) / target.name
         config = SinkConfig(scratch_dir=scratch, spark_class_archive=OFF)
         started = time.monotonic()
-        spark = start_spark(config, extra_java_options=[f"-XX:ArchiveClassesAtExit={partial}", *_QUIET])
+        spark = start_spark(config, extra_java_options=[f"-XX:ArchiveClassesAtExit={partial}", *QUIET_CDS_LOGS])
         spark.dataSource.register(TrainingSource)
         batches: list[int] = []
         query = (
@@ -96,7 +96,7 @@ def build_archive(target: Path) -> None:
 def main(argv: list[str]) -> int:
     """`python -m sink_service.spark_home [--force]`: prepare the home and build the archive."""
     directory = prepared_dir()
-    _link_home(directory / "home")
+    link_home(directory / "home")
     archive = directory / ARCHIVE_NAME
     if archive.is_file() and "--force" not in argv:
         print(f"Spark home and JVM class archive: {directory} (up to date)")

@@ -40,7 +40,7 @@ ARCHIVE_NAME = "classes.jsa"
 LEFT_OUT_JARS = ("spark-mllib_*.jar", "spark-mllib-local_*.jar")
 _LAYOUT = 2  # part of the prepared directory's name: a changed layout is prepared afresh
 # Skipped classes (signed jars, generated accessors) are expected; they are loaded as usual.
-_QUIET = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
+QUIET_CDS_LOGS = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
 
 
 def _pyspark_home() -> Path:
@@ -90,11 +90,11 @@ def activate(class_archive: str) -> list[str]:
             log.info("no JVM class archive at %s: Spark starts slower", path)
         return []
     # -Xshare:auto: an archive that does not match this JVM or class path is ignored, never fatal.
-    return [f"-XX:SharedArchiveFile={path}", "-Xshare:auto", *_QUIET]
+    return [f"-XX:SharedArchiveFile={path}", "-Xshare:auto", *QUIET_CDS_LOGS]
 
 
 # --- preparing ------------------------------------------------------------------------------------
-def _link_home(home: Path) -> None:
+def link_home(home: Path) -> None:
     home.mkdir(parents=True, exist_ok=True)
     bin_link = home / "bin"
     if not bin_link.is_symlink():
