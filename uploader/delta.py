@@ -65,6 +65,7 @@ META_FILE = "kafka_parquet_sink.file"
 META_APP_ID = "kafka_parquet_sink.app_id"
 META_FIRST = "kafka_parquet_sink.first_offset"
 META_LAST = "kafka_parquet_sink.last_offset"
+META_APPLIED_FROM = "kafka_parquet_sink.applied_from"  # the first offset this commit applied (an overlap is cut)
 _ROW = "__delta_target_row__"
 _FATAL_STORE_WORDS = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
                       "InvalidToken", "403 Forbidden", "status: 403", "Forbidden")
@@ -138,8 +139,10 @@ class DeltaTarget:
                 log.info("%s skipped: the table already holds %s up to offset %d", what, app_id, done - 1)
                 return {"version": table.version(), "app_id": app_id, "skipped": True, "covered_to": done}
             rows = pq.read_table(path)
+            applied_from = metadata.first_offset
             if done is not None and done > metadata.first_offset and OFFSET in rows.column_names:
                 rows = rows.filter(pc.greater_equal(rows[OFFSET], pa.scalar(done, rows.schema.field(OFFSET).type)))
+                applied_from = done
             rows = _storable(rows)
             if table is None:
                 table = self._create(uri, rows.schema)
@@ -148,7 +151,8 @@ class DeltaTarget:
                 app_transactions=[Transaction(app_id, end)],
                 max_commit_retries=0,
                 custom_metadata={META_FILE: metadata.file_name(), META_APP_ID: app_id,
-                                 META_FIRST: str(metadata.first_offset), META_LAST: str(metadata.last_offset)},
+                                 META_FIRST: str(metadata.first_offset), META_LAST: str(metadata.last_offset),
+                                 META_APPLIED_FROM: str(applied_from)},
             )
             if metadata.primary_keys:
                 counts = self._merge(table, rows, metadata, commit)
