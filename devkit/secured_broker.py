@@ -15,8 +15,16 @@ Before authentication only ApiVersions and the SASL requests are served; anythin
 connection, as Apache Kafka does. A failed login is answered with SASL_AUTHENTICATION_FAILED (58)
 and Kafka's message, then the connection is closed.
 
-`make_pki` writes a private CA, a server certificate for 127.0.0.1/localhost and a second CA that
-did not sign it (for "certificate does not verify" tests), with `cryptography`.
+Mutual TLS: given `client_ca`, the front requires a client certificate signed by that CA in the TLS
+handshake (Kafka's `ssl.client.auth=required`), as Python's `ssl` verifies it; with `sasl=False` a
+verified certificate is the login (an `SSL` listener: the certificate's common name is the user) and
+requests are relayed from the first one. A handshake the front refuses is recorded as a `refused`
+login with the TLS error.
+
+`make_pki` writes a private CA, a server certificate for 127.0.0.1/localhost, a second CA that did
+not sign it (for "certificate does not verify" tests), and client certificates: one signed by the
+private CA (its key also written encrypted, with a password) and one signed by the other CA, with
+`cryptography`.
 The front runs on an asyncio loop in a daemon thread of the calling process: no process to stop.
 Run it alone with `python -m devkit.secured_broker` (starts noida-db behind it, prints the settings).
 """
@@ -33,8 +41,10 @@ import hmac
 import ipaddress
 import os
 import secrets
+import signal
 import ssl
 import struct
+import sys
 import tempfile
 import threading
 import time
@@ -57,16 +67,25 @@ SASL_AUTHENTICATION_FAILED, UNSUPPORTED_SASL_MECHANISM, ILLEGAL_SASL_STATE = 58,
 
 # --- certificates -------------------------------------------------------------------------------
 
+CLIENT_COMMON_NAME = "sink-service-client"
+
+
 @dataclass(frozen=True)
 class Pki:
-    ca_file: Path  # the private CA: SINK_KAFKA_SSL_CA_LOCATION
+    ca_file: Path  # the private CA: SINK_KAFKA_SSL_CA_LOCATION, and the client CA of a mutual-TLS front
     cert_file: Path  # server certificate for 127.0.0.1 and localhost, signed by the CA
     key_file: Path
     other_ca_file: Path  # a CA that did not sign the server certificate
+    client_cert_file: Path  # CN=sink-service-client, signed by the CA: SINK_KAFKA_SSL_CERTIFICATE_LOCATION
+    client_key_file: Path  # its key, unencrypted: SINK_KAFKA_SSL_KEY_LOCATION
+    client_encrypted_key_file: Path  # the same key encrypted (PKCS#8) with `client_key_password`
+    client_key_password: str = field(repr=False)  # SINK_KAFKA_SSL_KEY_PASSWORD
+    other_client_cert_file: Path  # CN=sink-service-client, signed by the other CA
+    other_client_key_file: Path
 
 
 def make_pki(directory: Path) -> Pki:
-    """A private CA and a server certificate for 127.0.0.1/localhost, valid for a day."""
+    """A private CA, a server certificate for 127.0.0.1/localhost and client certificates, valid for a day."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -93,8 +112,22 @@ def make_pki(directory: Path) -> Pki:
                 .sign(key, hashes.SHA256()))
         return key, cert
 
+    def client(issuer_key: ec.EllipticCurvePrivateKey, issuer: x509.Certificate,
+               ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (x509.CertificateBuilder().subject_name(name(CLIENT_COMMON_NAME)).issuer_name(issuer.subject)
+                .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(minutes=5))
+                .not_valid_after(now + datetime.timedelta(days=1))
+                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()),
+                               critical=False)
+                .sign(issuer_key, hashes.SHA256()))
+        return key, cert
+
     ca_key, ca_cert = ca("sink-test private CA")
-    _other_key, other_cert = ca("sink-test other CA")
+    other_key, other_cert = ca("sink-test other CA")
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (x509.CertificateBuilder().subject_name(name("localhost")).issuer_name(ca_cert.subject)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
@@ -106,14 +139,25 @@ def make_pki(directory: Path) -> Pki:
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256()))
-    pem = serialization.Encoding.PEM
-    pki = Pki(directory / "ca.pem", directory / "server.pem", directory / "server.key", directory / "other-ca.pem")
+    client_key, client_cert = client(ca_key, ca_cert)
+    other_client_key, other_client_cert = client(other_key, other_cert)
+    pem, pkcs8 = serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8
+    password = secrets.token_urlsafe(12)
+    pki = Pki(directory / "ca.pem", directory / "server.pem", directory / "server.key", directory / "other-ca.pem",
+              directory / "client.pem", directory / "client.key", directory / "client-encrypted.key", password,
+              directory / "other-client.pem", directory / "other-client.key")
     pki.ca_file.write_bytes(ca_cert.public_bytes(pem))
     pki.other_ca_file.write_bytes(other_cert.public_bytes(pem))
     pki.cert_file.write_bytes(cert.public_bytes(pem))
-    pki.key_file.write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
-    pki.key_file.chmod(0o600)
+    pki.client_cert_file.write_bytes(client_cert.public_bytes(pem))
+    pki.other_client_cert_file.write_bytes(other_client_cert.public_bytes(pem))
+    for path, private, encryption in (
+            (pki.key_file, key, serialization.NoEncryption()),
+            (pki.client_key_file, client_key, serialization.NoEncryption()),
+            (pki.client_encrypted_key_file, client_key, serialization.BestAvailableEncryption(password.encode())),
+            (pki.other_client_key_file, other_client_key, serialization.NoEncryption())):
+        path.write_bytes(private.private_bytes(pem, pkcs8, encryption))
+        path.chmod(0o600)
     return pki
 
 
@@ -404,6 +448,89 @@ def _frame(body: bytes) -> bytes:
 
 # --- the front ---------------------------------------------------------------------------------------
 
+class _TlsStream:
+    """Server-side TLS over a plain connection, through `ssl.MemoryBIO`s.
+
+    asyncio's own TLS (`start_server(ssl=...)`, `start_tls`) closes a refused handshake without sending
+    the TLS alert, so a client saw "connection closed by peer" where a real broker's alert ("certificate
+    required", "unknown ca") tells it why. Here the alert is flushed before the connection closes.
+    Decrypted bytes arrive in `reader`; `write`/`drain`/`close` stand in for the StreamWriter's.
+    """
+
+    def __init__(self, context: ssl.SSLContext, raw_in: asyncio.StreamReader, raw_out: asyncio.StreamWriter):
+        self._incoming, self._outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
+        self._raw_in, self._raw_out = raw_in, raw_out
+        self.reader = asyncio.StreamReader(limit=2**30)
+        self._pump: asyncio.Future | None = None
+
+    def _send_pending(self) -> None:
+        data = self._outgoing.read()
+        if data:
+            self._raw_out.write(data)
+
+    async def handshake(self) -> str:
+        """Complete the handshake (SSLError if refused, its alert sent); the client certificate's CN."""
+        while True:
+            try:
+                self._tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                self._send_pending()
+                await self._raw_out.drain()
+                data = await self._raw_in.read(65536)
+                if not data:
+                    raise ConnectionError("the client closed the connection during the TLS handshake") from None
+                self._incoming.write(data)
+            except ssl.SSLError:
+                with contextlib.suppress(ConnectionError, OSError):
+                    self._send_pending()  # the alert that tells the client why
+                    await self._raw_out.drain()
+                raise
+        self._send_pending()
+        await self._raw_out.drain()
+        self._pump = asyncio.ensure_future(self._decrypt())
+        peer = self._tls.getpeercert() or {}
+        names = [value for rdn in peer.get("subject", ()) for key, value in rdn if key == "commonName"]
+        return names[0] if names else ""
+
+    async def _decrypt(self) -> None:
+        try:
+            while True:
+                # First what is already in: the client's first request often came with its Finished.
+                while True:
+                    try:
+                        chunk = self._tls.read(65536)
+                    except ssl.SSLWantReadError:
+                        break
+                    if not chunk:  # close_notify
+                        return
+                    self.reader.feed_data(chunk)
+                self._send_pending()
+                data = await self._raw_in.read(65536)
+                if not data:
+                    return
+                self._incoming.write(data)
+        except (ConnectionError, OSError, ssl.SSLError):
+            pass
+        finally:
+            self.reader.feed_eof()
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[self._tls.write(view):]
+        self._send_pending()
+
+    async def drain(self) -> None:
+        await self._raw_out.drain()
+
+    def close(self) -> None:
+        if self._pump is not None:
+            self._pump.cancel()
+        self._raw_out.close()
+
+
 @dataclass
 class LoginEvent:
     outcome: str  # "authenticated", "refused", or "closed" (a request before authentication)
@@ -414,14 +541,21 @@ class LoginEvent:
 
 
 class SaslGateway:
-    """An authenticating TLS front for one single-broker cluster at `backend` (host:port)."""
+    """An authenticating TLS front for one single-broker cluster at `backend` (host:port).
+
+    `client_ca`: the handshake requires a client certificate that this CA signed (mutual TLS).
+    `sasl=False`: no SASL exchange; the TLS handshake is the login (needs `client_ca` to authenticate).
+    `tls_max_version`: the newest TLS version offered (default: the newest, 1.3, as Kafka's).
+    """
 
     def __init__(self, backend: str, users: Mapping[str, str], pki: Pki | None = None,
-                 mechanisms: tuple[str, ...] = MECHANISMS, host: str = "127.0.0.1", port: int | None = None):
+                 mechanisms: tuple[str, ...] = MECHANISMS, host: str = "127.0.0.1", port: int | None = None,
+                 client_ca: Path | None = None, sasl: bool = True, tls_max_version: ssl.TLSVersion | None = None):
         self.backend_host, _, backend_port = backend.rpartition(":")
         self.backend_port = int(backend_port)
         self.host, self.port = host, port or free_port()
         self.mechanisms = mechanisms
+        self.sasl = sasl
         self._passwords = dict(users)
         self._credentials = {(user, mechanism): ScramCredential.of(password, mechanism)
                              for user, password in users.items() for mechanism in _HASHES}
@@ -429,6 +563,13 @@ class SaslGateway:
         if pki is not None:
             self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             self._tls.load_cert_chain(pki.cert_file, pki.key_file)
+            if tls_max_version is not None:  # e.g. TLS 1.2, where a refused client certificate ends the handshake
+                self._tls.maximum_version = tls_max_version
+            if client_ca is not None:  # Kafka's ssl.client.auth=required
+                self._tls.verify_mode = ssl.CERT_REQUIRED
+                self._tls.load_verify_locations(client_ca)
+        elif client_ca is not None:
+            raise ValueError("mutual TLS needs the server's PKI")
         self.events: list[LoginEvent] = []
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.base_events.Server | None = None
@@ -462,16 +603,30 @@ class SaslGateway:
         return [event for event in list(self.events) if event.outcome == outcome]
 
     async def _listen(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self.host, self.port, ssl=self._tls,
-                                                  ssl_handshake_timeout=10 if self._tls else None)
+        # TLS is started per connection (not by the server) so that a refused handshake is recorded.
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
 
-    async def _serve(self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter) -> None:
+    async def _serve(self, raw_in: asyncio.StreamReader, raw_out: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         self._tasks.add(task)
+        client_in: asyncio.StreamReader = raw_in
+        client_out: asyncio.StreamWriter | _TlsStream = raw_out
         backend_out = None
         try:
+            certificate_user = ""
+            if self._tls is not None:
+                tls = client_out = _TlsStream(self._tls, raw_in, raw_out)
+                client_in = tls.reader
+                try:
+                    certificate_user = await asyncio.wait_for(tls.handshake(), 10)
+                except (TimeoutError, ssl.SSLError, ConnectionError) as exc:
+                    self.events.append(LoginEvent("refused", None, "SSL", f"TLS handshake: {exc}"))
+                    return
             backend_in, backend_out = await asyncio.open_connection(self.backend_host, self.backend_port)
-            if await self._authenticate(client_in, client_out, backend_in, backend_out):
+            if not self.sasl:  # the verified certificate is the login (an SSL listener)
+                self.events.append(LoginEvent("authenticated", certificate_user or None, "SSL"))
+                await self._relay(client_in, client_out, backend_in, backend_out)
+            elif await self._authenticate(client_in, client_out, backend_in, backend_out):
                 await self._relay(client_in, client_out, backend_in, backend_out)
         except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError, OSError, ValueError,
                 asyncio.CancelledError):
@@ -482,7 +637,7 @@ class SaslGateway:
                 if writer is not None:
                     writer.close()
 
-    async def _authenticate(self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter,
+    async def _authenticate(self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter | _TlsStream,
                             backend_in: asyncio.StreamReader, backend_out: asyncio.StreamWriter) -> bool:
         """Serve ApiVersions and the SASL exchange; True once the client has authenticated."""
         session: _Scram | _Plain | None = None
@@ -526,7 +681,7 @@ class SaslGateway:
                 return False
             await client_out.drain()
 
-    async def _relay(self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter,
+    async def _relay(self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter | _TlsStream,
                      backend_in: asyncio.StreamReader, backend_out: asyncio.StreamWriter) -> None:
         pending: dict[int, tuple[int, int]] = {}  # correlation id -> (api key, version) of answers to rewrite
 
@@ -570,16 +725,23 @@ class SecuredBroker:
 
 @contextmanager
 def running_secured_broker(backend: str | None = None, users: Mapping[str, str] | None = None,
-                           directory: Path | None = None) -> Iterator[SecuredBroker]:
-    """A SASL_SSL front on `backend`, or on a broker started here (SINK_TEST_BROKER picks which)."""
+                           directory: Path | None = None, mutual_tls: bool = False,
+                           sasl: bool = True) -> Iterator[SecuredBroker]:
+    """A SASL_SSL front on `backend`, or on a broker started here (SINK_TEST_BROKER picks which).
+
+    `mutual_tls`: clients must present a certificate signed by the private CA (`pki.client_cert_file`);
+    with `sasl=False` as well it is an SSL listener whose only login is that certificate."""
     users = dict(users or {"sink": secrets.token_urlsafe(18)})
+    if not sasl and not mutual_tls:
+        raise ValueError("a listener without SASL authenticates only with mutual TLS")
     with contextlib.ExitStack() as stack:
         if directory is None:
             directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="secured-broker-")))
         if backend is None:
             backend = stack.enter_context(running_broker())
         pki = make_pki(directory)
-        gateway = SaslGateway(backend, users, pki).start()
+        gateway = SaslGateway(backend, users, pki, client_ca=pki.ca_file if mutual_tls else None,
+                              sasl=sasl).start()
         stack.callback(gateway.stop)
         yield SecuredBroker(gateway.bootstrap, pki, users, backend, gateway)
 
@@ -590,12 +752,24 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, help="where the CA and server certificate are written")
     parser.add_argument("--user", default="sink")
     parser.add_argument("--password", default=os.environ.get("SECURED_BROKER_PASSWORD"))
+    parser.add_argument("--mutual-tls", action="store_true",
+                        help="an SSL listener that requires a client certificate (no SASL)")
     args = parser.parse_args()
     password = args.password or secrets.token_urlsafe(18)
-    with running_secured_broker(args.backend, {args.user: password}, args.dir) as broker:
-        print(f"SINK_KAFKA_BOOTSTRAP_SERVERS={broker.bootstrap}\nSINK_KAFKA_SECURITY_PROTOCOL=SASL_SSL\n"
-              f"SINK_KAFKA_SASL_MECHANISM=SCRAM-SHA-512\nSINK_KAFKA_SASL_USERNAME={args.user}\n"
-              f"SINK_KAFKA_SASL_PASSWORD={password}\nSINK_KAFKA_SSL_CA_LOCATION={broker.pki.ca_file}", flush=True)
+    with running_secured_broker(args.backend, {args.user: password}, args.dir, mutual_tls=args.mutual_tls,
+                                sasl=not args.mutual_tls) as broker:
+        pki = broker.pki
+        if args.mutual_tls:
+            print(f"SINK_KAFKA_BOOTSTRAP_SERVERS={broker.bootstrap}\nSINK_KAFKA_SECURITY_PROTOCOL=SSL\n"
+                  f"SINK_KAFKA_SSL_CA_LOCATION={pki.ca_file}\n"
+                  f"SINK_KAFKA_SSL_CERTIFICATE_LOCATION={pki.client_cert_file}\n"
+                  f"SINK_KAFKA_SSL_KEY_LOCATION={pki.client_encrypted_key_file}\n"
+                  f"SINK_KAFKA_SSL_KEY_PASSWORD={pki.client_key_password}", flush=True)
+        else:
+            print(f"SINK_KAFKA_BOOTSTRAP_SERVERS={broker.bootstrap}\nSINK_KAFKA_SECURITY_PROTOCOL=SASL_SSL\n"
+                  f"SINK_KAFKA_SASL_MECHANISM=SCRAM-SHA-512\nSINK_KAFKA_SASL_USERNAME={args.user}\n"
+                  f"SINK_KAFKA_SASL_PASSWORD={password}\nSINK_KAFKA_SSL_CA_LOCATION={pki.ca_file}", flush=True)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the broker behind too, as on Ctrl-C
         with contextlib.suppress(KeyboardInterrupt):
             threading.Event().wait()
 

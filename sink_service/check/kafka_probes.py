@@ -2,9 +2,11 @@
 
 Each question is a read (metadata, offsets, descriptions, ACL-authorised operations, a validate-only
 create): nothing is produced, committed, joined or created. The client is built from the service's
-own `kafka_client_config()` and its refusals are read with the service's `refusal()`, so a wrong
-password names SINK_KAFKA_SASL_USERNAME/SINK_KAFKA_SASL_PASSWORD and an untrusted CA names
-SINK_KAFKA_SSL_CA_LOCATION, exactly as the service would when it stopped on them.
+own `kafka_client_config()` and its refusals are read with the service's `refusal()` and
+`client_refusal()`, so a wrong password names SINK_KAFKA_SASL_USERNAME/SINK_KAFKA_SASL_PASSWORD, an
+untrusted CA SINK_KAFKA_SSL_CA_LOCATION, a client certificate the broker refuses
+SINK_KAFKA_SSL_CERTIFICATE_LOCATION and a key that does not decrypt SINK_KAFKA_SSL_KEY_PASSWORD,
+exactly as the service would when it stopped on them.
 
 Every wait is bounded by one deadline per probe: an unreachable broker is one FAIL line, not a hang.
 librdkafka retries a refused connection forever; "all brokers down" is therefore taken as the answer
@@ -31,7 +33,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AclOperation, AdminClient, ConfigResource, NewTopic, OffsetSpec, ResourceType
 
 from sink_service.check.probe import FAIL, OK, SKIP, WARN, Probe
-from sink_service.shared.kafka_access import refusal
+from sink_service.shared.kafka_access import client_refusal, refusal
 
 if TYPE_CHECKING:
     from sink_service.config import SinkConfig
@@ -73,15 +75,22 @@ class _Errors:
 
 
 def refusal_fix(message: str) -> str:
-    """The settings a refusal from `refusal()` names, for the line's `fix` part."""
-    if "SINK_KAFKA_SSL_CA_LOCATION" in message:
-        return "SINK_KAFKA_SSL_CA_LOCATION"
-    return "SINK_KAFKA_SASL_USERNAME/SINK_KAFKA_SASL_PASSWORD (and SINK_KAFKA_SASL_MECHANISM)"
+    """The settings a refusal from `refusal()` or `client_refusal()` names, for the line's `fix` part:
+    the first SINK_* its advice names (the key password before the key location it mentions)."""
+    advice = re.split(r":\s*(?:check|set) ", message)[-1]
+    for setting in ("SINK_KAFKA_SSL_KEY_PASSWORD", "SINK_KAFKA_SSL_CERTIFICATE_LOCATION",
+                    "SINK_KAFKA_SSL_KEY_LOCATION", "SINK_KAFKA_SSL_CA_LOCATION"):
+        if advice.startswith(setting):
+            return setting
+    if "SINK_KAFKA_SASL_" in advice:
+        return "SINK_KAFKA_SASL_USERNAME/SINK_KAFKA_SASL_PASSWORD (and SINK_KAFKA_SASL_MECHANISM)"
+    found = re.search(r"SINK_KAFKA_[A-Z_]+", advice)
+    return found.group(0) if found else "the SINK_KAFKA_* settings"
 
 
 def _first_sentence(message: str) -> str:
     """`refusal()` ends with its own "check X" advice, which the line's fix part replaces."""
-    return re.split(r":\s*(check|set) SINK_", message, maxsplit=1)[0]
+    return re.split(r":\s*(?:check|set) SINK_", message, maxsplit=1)[0]
 
 
 class KafkaProbes:
@@ -126,6 +135,9 @@ class KafkaProbes:
         try:
             self.admin = AdminClient(self.client_config)
         except KafkaException as exc:  # a client setting librdkafka refuses (a CA file it cannot read, ...)
+            why = client_refusal(exc.args[0], self.client_config)  # as the service would say it stopping
+            if why is not None:
+                return Probe(FAIL, what, _first_sentence(why), refusal_fix(why))
             return Probe(FAIL, what, f"the client could not be made: {exc.args[0].str()}", _setting_in(
                 exc.args[0].str(), c.kafka_options))
         deadline = time.monotonic() + self.timeout_s

@@ -29,6 +29,7 @@ from sink_service.driver.metrics import SinkMetrics
 from sink_service.driver.scratch import ScratchError, claim_scratch
 from sink_service.kafka_source.membership import GroupMembership, instance_id
 from sink_service.kafka_source.positions import OffsetGapError
+from sink_service.shared.kafka_access import KafkaAccessRefused
 from sink_service.startup.spark_session import start_spark
 from sink_service.startup.stop_signals import release_stop_signals, stop_signals_held
 from sink_service.task.upload_signals import SIGNAL_PATH
@@ -98,7 +99,14 @@ class SinkService:
         with stop_signals_held():
             threading.Thread(target=_import_quietly, args=("sink_service.driver.pipeline",), name="import-pipeline",
                              daemon=True).start()
-            membership = self._join_group(batch_running)
+            try:
+                membership = self._join_group(batch_running)
+            except KafkaAccessRefused as exc:  # librdkafka cannot make the client (a key that does not decrypt)
+                log.error("stopping: %s", exc)
+                scratch.release()
+                if server is not None:
+                    server.stop()
+                return EXIT_FATAL
         spark = None
         try:
             spark = start_spark(self.config)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 
-from sink_service.shared.kafka_access import AccessWatch, KafkaAccessRefused
+from sink_service.shared.kafka_access import AccessWatch, KafkaAccessRefused, new_client
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class GroupMembership:
             "error_cb": self._access,  # a refused login or certificate ends the member: see `access`
         }
         self._config = config
-        self._consumer = Consumer(config)
+        self._consumer = new_client(Consumer, config)  # KafkaAccessRefused: a TLS file it cannot use
         self._subscription = subscription
         self._group_id = group_id
         self._last_error: int | None = None

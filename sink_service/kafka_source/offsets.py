@@ -26,7 +26,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from sink_service.kafka_source.positions import TP, OffsetGapError
 from sink_service.shared.instants import iso_ms, starting_time_ms
-from sink_service.shared.kafka_access import AccessWatch
+from sink_service.shared.kafka_access import AccessWatch, new_client
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class KafkaOffsets:
     def __init__(self, client_config: Mapping[str, str], group_id: str):
         self._access = AccessWatch()
         self._config = {**client_config, "error_cb": self._access}
-        self._admin = AdminClient(self._config)
+        self._admin = new_client(AdminClient, self._config)
         self._group_id = group_id
 
     def _answer(self, future: Future[T]) -> T:

@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from sink_service.decode.bad_records import BadRecord
-from sink_service.shared.kafka_access import AccessWatch, KafkaAccessRefused
+from sink_service.shared.kafka_access import AccessWatch, KafkaAccessRefused, new_client
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ def _producer(spec: DeadLetterSpec) -> Producer:
     if producer is None:
         # Its error callback: a refused login or certificate ends the range at once (see `access`).
         watch = _access[spec.client_config] = AccessWatch()
-        producer = _producers[spec.client_config] = Producer(
+        producer = _producers[spec.client_config] = new_client(Producer,
             {**producer_config(dict(spec.client_config)), "error_cb": watch})
     return producer
 

@@ -28,7 +28,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from sink_service.decode.headers import HEADERS
 from sink_service.decode.raw import RAW_SCHEMA
-from sink_service.shared.kafka_access import AccessWatch
+from sink_service.shared.kafka_access import AccessWatch, new_client
 from sink_service.task.heap_release import release_if_grown
 from sink_service.task.ranges import Range
 
@@ -84,7 +84,7 @@ def _consumer(config: Mapping[str, object]) -> Consumer:
     consumer = _consumers.get(key)
     if consumer is None:
         watch = _access[key] = AccessWatch()
-        consumer = _consumers[key] = Consumer({**config, "error_cb": watch})
+        consumer = _consumers[key] = new_client(Consumer, {**config, "error_cb": watch})
     return consumer
 
 

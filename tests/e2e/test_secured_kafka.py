@@ -1,5 +1,6 @@
-"""End to end against a broker that requires SASL_SSL (SCRAM-SHA-512, private CA): the service delivers
-and commits, and its password shows nowhere (output, command lines)."""
+"""End to end against a broker that requires SASL_SSL (SCRAM-SHA-512, private CA), and one that requires a
+client certificate (mutual TLS): the service delivers and commits, and its password (the SASL password,
+the client key's password) shows nowhere (output, command lines)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from devkit.kafka_data import Workload, create_topics, produce_orders
-from devkit.secured_broker import SecuredBroker, running_secured_broker
+from devkit.secured_broker import CLIENT_COMMON_NAME, SecuredBroker, running_secured_broker
 from devkit.service_process import wait_until
 from tests.e2e.checks import all_commands, all_committed, table_matches
 
@@ -71,3 +72,38 @@ def test_a_refused_login_or_certificate_stops_the_service_naming_the_setting(
     stopping = [line for line in service.output().splitlines() if "stopping:" in line]
     assert len(stopping) == 1 and setting in stopping[0], stopping
     assert env["SINK_KAFKA_SASL_PASSWORD"] not in service.output()
+
+
+@pytest.fixture(scope="module")
+def mtls(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredBroker]:
+    with running_secured_broker(bootstrap, None, tmp_path_factory.mktemp("mtls-pki"), mutual_tls=True,
+                                sasl=False) as broker:
+        yield broker
+
+
+def test_the_service_delivers_through_mutual_tls(mtls, bootstrap, ems, unique, service_env, services):
+    """security.protocol=SSL with a client certificate whose key is encrypted: every client the service
+    makes (group member, offsets, range readers in the Spark workers) logs in with the certificate, and
+    the key password shows nowhere (output with Spark's, command lines)."""
+    topic, group = unique("mtls-orders"), unique("group")
+    create_topics(bootstrap, {topic: 2})
+    workload = Workload()
+    produce_orders(bootstrap, topic, keys=200, updates=2, workload=workload)
+    pki = mtls.pki
+    since = time.monotonic()
+    env = service_env(topic, group, SINK_FLUSH_RECORDS=200, SINK_KAFKA_BOOTSTRAP_SERVERS=mtls.bootstrap,
+                      SINK_KAFKA_SECURITY_PROTOCOL="SSL", SINK_KAFKA_SSL_CA_LOCATION=str(pki.ca_file),
+                      SINK_KAFKA_SSL_CERTIFICATE_LOCATION=str(pki.client_cert_file),
+                      SINK_KAFKA_SSL_KEY_LOCATION=str(pki.client_encrypted_key_file),
+                      SINK_KAFKA_SSL_KEY_PASSWORD=pki.client_key_password)
+    service = services(env)
+    wait_until(lambda: table_matches(ems, topic, workload), 240, f"{topic} to converge", process=service)
+    wait_until(lambda: all_committed(bootstrap, group, topic, 2), 60, f"{topic} commits", process=service)
+    assert not [cmdline for cmdline in all_commands() if pki.client_key_password in cmdline]
+    logins = [e for e in mtls.gateway.logins() if e.at >= since]
+    assert logins and {(e.user, e.mechanism) for e in logins} == {(CLIENT_COMMON_NAME, "SSL")}
+    assert service.terminate() == 0
+    assert pki.client_key_password not in service.output()
+    assert "SINK_KAFKA_SSL_KEY_PASSWORD" in service.output()  # the configuration dump names it, masked
+    refused = [e for e in mtls.gateway.events if e.at >= since and e.outcome != "authenticated"]
+    assert not refused, refused
