@@ -3,12 +3,10 @@ after pyarrow): the settings travel to every executor, and services with another
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit
 
-from uploader.masking import mask_userinfo
+from uploader.masking import settings_repr
 from uploader.retry import RetryPolicy
 
 TABLE_URI_SETTING = "SINK_DELTA_TABLE_URI"
@@ -55,10 +53,4 @@ class DeltaSettings:
         return self.table_uri.startswith(S3_SCHEME)
 
     def __repr__(self) -> str:
-        shown = []
-        for f in dataclasses.fields(self):
-            value: Any = getattr(self, f.name)
-            if f.name == "endpoint_url" and value:
-                value = mask_userinfo(value)
-            shown.append(f"{f.name}={value!r}")
-        return f"DeltaSettings({', '.join(shown)})"
+        return settings_repr(self)

@@ -6,6 +6,7 @@ redaction is applied to any text that came from outside, not only to our own for
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
 from urllib.parse import quote
@@ -48,3 +49,14 @@ def authorization_secrets(value: str) -> tuple[str, ...]:
     """The whole header and its credential part, so either spelling is redacted."""
     credential = value.strip().partition(" ")[2].strip()
     return tuple(s for s in (value, value.strip(), credential) if s)
+
+
+def settings_repr(settings: object) -> str:
+    """A settings dataclass as `Name(field=value, …)` with the credentials in `endpoint_url` masked."""
+    shown = []
+    for f in dataclasses.fields(settings):  # type: ignore[arg-type]
+        value = getattr(settings, f.name)
+        if f.name == "endpoint_url" and value:
+            value = mask_userinfo(value)
+        shown.append(f"{f.name}={value!r}")
+    return f"{type(settings).__name__}({', '.join(shown)})"

@@ -4,12 +4,10 @@ services (EMS, directory targets) never build an S3 client, so they do not impor
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit
 
-from uploader.masking import mask_userinfo
+from uploader.masking import settings_repr
 from uploader.retry import RetryPolicy
 from uploader.target import FileMetadata
 
@@ -63,10 +61,4 @@ class S3Settings:
         return f"s3://{self.bucket}/{key}"
 
     def __repr__(self) -> str:
-        shown = []
-        for f in dataclasses.fields(self):
-            value: Any = getattr(self, f.name)
-            if f.name == "endpoint_url" and value:
-                value = mask_userinfo(value)
-            shown.append(f"{f.name}={value!r}")
-        return f"S3Settings({', '.join(shown)})"
+        return settings_repr(self)

@@ -132,12 +132,9 @@ def test_the_offsets_client_authenticates(secured: SecuredBroker, mechanism: str
     assert_logged_in(secured, mechanism, since)
 
 
-@pytest.mark.parametrize("mechanism", MECHANISMS)
-def test_the_group_member_authenticates_and_commits(secured: SecuredBroker, mechanism: str):
-    topic = new_topic(secured, "secured-member", partitions=2, records=0)
-    group = f"group-{topic}"
-    since = time.monotonic()
-    config = service_client_config(secured, mechanism)
+def assert_member_joins_and_commits(config: dict, topic: str, group: str) -> None:
+    """The service's group member gets both partitions of `topic` through the secured listener and
+    commits; the commit is read back with the offsets client on the same settings."""
     member = GroupMembership(config, group, [topic], 30_000, lambda: True, 10, f"instance-{topic}")
     member.start()
     try:
@@ -149,6 +146,14 @@ def test_the_group_member_authenticates_and_commits(secured: SecuredBroker, mech
     finally:
         member.close()
     assert KafkaOffsets(config, group).committed([(topic, 0), (topic, 1)]) == {(topic, 0): 0, (topic, 1): 0}
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_the_group_member_authenticates_and_commits(secured: SecuredBroker, mechanism: str):
+    topic = new_topic(secured, "secured-member", partitions=2, records=0)
+    group = f"group-{topic}"
+    since = time.monotonic()
+    assert_member_joins_and_commits(service_client_config(secured, mechanism), topic, group)
     assert_logged_in(secured, mechanism, since)
 
 
@@ -341,18 +346,7 @@ def test_the_group_member_authenticates_with_the_certificate_and_commits(mtls: S
     topic = new_topic(mtls, "mtls-member", partitions=2, records=0)
     group = f"group-{topic}"
     since = time.monotonic()
-    config = mtls_config(mtls)
-    member = GroupMembership(config, group, [topic], 30_000, lambda: True, 10, f"instance-{topic}")
-    member.start()
-    try:
-        settled = member.wait_assignment(30)
-        assert settled is not None, f"no assignment through the mutual-TLS listener: {member.failure}"
-        assigned, epoch = settled
-        assert assigned == {(topic, 0), (topic, 1)}
-        member.commit({(topic, 0): 0, (topic, 1): 0}, epoch)
-    finally:
-        member.close()
-    assert KafkaOffsets(config, group).committed([(topic, 0), (topic, 1)]) == {(topic, 0): 0, (topic, 1): 0}
+    assert_member_joins_and_commits(mtls_config(mtls), topic, group)
     assert_certificate_login(mtls, since)
 
 
