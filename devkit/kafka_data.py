@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import random
 import time
@@ -99,21 +98,13 @@ def produce_orders(
     return len(events)
 
 
-@functools.lru_cache(maxsize=16)
-def _offsets_client(bootstrap: str, group: str) -> KafkaOffsets:
-    """One admin client per broker and group for the tests' polling loops (`all_committed` asks twice
-    a second): a new librdkafka client per question cost its threads each time, and one test run saw
-    the worker crash inside `list_offsets` amid that churn of clients being made and collected."""
-    return KafkaOffsets({"bootstrap.servers": bootstrap}, group)
-
-
 def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
-    offsets = _offsets_client(bootstrap, "unused")
+    offsets = KafkaOffsets({"bootstrap.servers": bootstrap}, "unused")
     return {p: o for (_, p), o in offsets.latest([(topic, p) for p in range(partitions)]).items()}
 
 
 def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
-    offsets = _offsets_client(bootstrap, group)
+    offsets = KafkaOffsets({"bootstrap.servers": bootstrap}, group)
     return {p: o for (_, p), o in offsets.committed([(topic, p) for p in range(partitions)]).items()}
 
 

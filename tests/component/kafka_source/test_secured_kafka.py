@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import io
 import json
+import re
 import secrets
 import ssl
 import subprocess
@@ -515,6 +516,7 @@ def test_a_refused_certificate_under_tls_1_2_is_refused_too(mtls: SecuredBroker,
             KafkaOffsets(config, "refused-group").latest([("orders", 0)])
         assert time.monotonic() - start < 5
         assert_names_the_setting(str(refused.value), fault, mtls)
-        assert "SSL handshake failed" in str(refused.value)
+        # which of the two handshake errors librdkafka reports first varies from run to run
+        assert re.search(r"SSL handshake failed|SSL routines", str(refused.value)), str(refused.value)
     finally:
         gateway.stop()
