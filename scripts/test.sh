@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the whole test suite: unit, component and end-to-end (starts its own brokers and endpoints).
-# Two pytest-xdist workers, each with its own broker and endpoint: the end-to-end tests run one at a
-# time on one of them, the unit and component tests on the other (see tests/conftest.py).
+# Two pytest-xdist workers, each with its own broker and endpoint (tests/conftest.py says why the
+# end-to-end tests are not yet kept on one of them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
