@@ -24,20 +24,34 @@ from confluent_kafka.admin import AdminClient
 
 
 def _stop_group(process: subprocess.Popen) -> None:
-    """SIGTERM the whole process group, then SIGKILL whatever is left after 10 s."""
-    for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
+    """SIGTERM the whole process group and wait until all of it has exited; SIGKILL what is left after 10 s.
+
+    noida-db saves its data (topics, records, committed offsets) when the server gets SIGTERM. Its
+    launcher exits first: killing the group as soon as the launcher was gone killed the server in the
+    middle of saving, so a restart "on the same data" came back empty (no topics, no commits).
+    """
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        process.poll()  # reap the launcher, so that only live members count
+        if not _group_members(process.pid):
             return
-        try:
-            process.wait(wait_s)
-        except subprocess.TimeoutExpired:
-            continue
-        # The launcher is gone; make sure no child of it survives.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of a process group; the server, once orphaned, may never be reaped here."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(stat.parent.name))
+    return members
 
 
 def free_port() -> int:

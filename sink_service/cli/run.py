@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
+import signal
 import sys
 from typing import TYPE_CHECKING
 
@@ -48,6 +50,9 @@ def _versions() -> dict[str, str]:
 
 def main(args: argparse.Namespace) -> int:
     hold_stop_signals()  # before any import can start a thread; released once the service handles them
+    # `kill -USR1 <pid>` writes every thread's Python stack to stderr: how a service that is alive but
+    # makes no progress is diagnosed (stacks hold file and function names, never setting values).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     from sink_service.config import ConfigError, load_config
     from sink_service.logs import configure
 

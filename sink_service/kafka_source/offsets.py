@@ -30,7 +30,12 @@ from sink_service.shared.kafka_access import AccessWatch, new_client
 
 log = logging.getLogger(__name__)
 
-_TIMEOUT_S = 30.0
+_TIMEOUT_S = 30.0  # the whole budget of one question to the brokers
+# One client's share of it. After a broker restart, a client can wait out its whole request timeout for
+# an answer (list_consumer_group_offsets on the group coordinator, seen with noida-db) that a new client
+# gets at once: asked with one 30 s timeout, a restart held the query's restart for 30-100 s.
+_ATTEMPT_S = 8.0
+K = TypeVar("K")
 T = TypeVar("T")
 
 
@@ -51,22 +56,33 @@ class KafkaOffsets:
         self._admin = new_client(AdminClient, self._config)
         self._group_id = group_id
 
-    def _answer(self, future: Future[T]) -> T:
-        """A request's result; a client that timed out is replaced before the error goes up.
+    def _ask(self, request: Callable[[AdminClient, float], Mapping[K, Future[T]]]) -> dict[K, T]:
+        """`request(client, timeout_s)`'s answers; a client that timed out is replaced and asked again.
 
-        After a broker restart an AdminClient can keep timing out on the group coordinator
-        (list_consumer_group_offsets, seen with noida-db) while a new client is answered at once.
-        A refused login or certificate raises `KafkaAccessRefused` as soon as librdkafka reports it
-        (polling serves the error callback), not after the request's timeout.
+        Every question here reads or sets absolute values, so asking it again is harmless. A refused
+        login or certificate raises `KafkaAccessRefused` as soon as librdkafka reports it (polling
+        serves the error callback), not after the request's timeout.
         """
+        deadline = time.monotonic() + _TIMEOUT_S
+        while True:
+            admin = self._admin
+            futures = request(admin, min(_ATTEMPT_S, max(1.0, deadline - time.monotonic())))
+            try:
+                return {key: self._answer(admin, future) for key, future in futures.items()}
+            except KafkaException as exc:
+                if not _timed_out(exc) or time.monotonic() >= deadline:
+                    raise
+                log.info("Kafka did not answer within %.0fs (%s); asking again with a new client", _ATTEMPT_S, exc)
+
+    def _answer(self, admin: AdminClient, future: Future[T]) -> T:
         while not future.done():
-            self._admin.poll(0.1)
+            admin.poll(0.1)
             self._access.check()
         try:
             return future.result()
         except KafkaException as exc:
             self._access.check()
-            if exc.args and exc.args[0].code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT):
+            if _timed_out(exc) and self._admin is admin:  # another thread may have replaced it already
                 self._admin = AdminClient(self._config)
             raise
 
@@ -87,10 +103,9 @@ class KafkaOffsets:
         request = {TopicPartition(t, p): spec for t, p in tps}
         if not request:
             return {}
-        futures = self._admin.list_offsets(
-            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=_TIMEOUT_S
-        )
-        return {(tp.topic, tp.partition): self._answer(f).offset for tp, f in futures.items()}
+        answers = self._ask(lambda admin, timeout_s: admin.list_offsets(
+            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s))
+        return {(tp.topic, tp.partition): answer.offset for tp, answer in answers.items()}
 
     def earliest(self, tps: Iterable[TP]) -> dict[TP, int]:
         return self._list_offsets(tps, OffsetSpec.earliest())
@@ -114,13 +129,12 @@ class KafkaOffsets:
             return {}
         low = low if low is not None else self.earliest(tps)
         high = high if high is not None else self.latest(tps)
-        futures = self._admin.list_offsets(
-            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=_TIMEOUT_S)
+        answers = self._ask(lambda admin, timeout_s: admin.list_offsets(
+            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s))
         at = iso_ms(when_ms)
         found: dict[TP, TimedPosition] = {}
-        for tp, future in futures.items():
+        for tp, answer in answers.items():
             key = (tp.topic, tp.partition)
-            answer = self._answer(future)
             if answer.offset < 0 or answer.offset >= high[key]:
                 found[key] = TimedPosition(high[key], f"no record at or after {at}: starting at the log end, "
                                                       f"offset {high[key]}")
@@ -147,8 +161,8 @@ class KafkaOffsets:
 
     def active_members(self) -> list[str]:
         """The group's members right now (client id@host): an offset change must wait until none are left."""
-        futures = self._admin.describe_consumer_groups([self._group_id], request_timeout=_TIMEOUT_S)
-        group = self._answer(futures[self._group_id])
+        group = self._ask(lambda admin, timeout_s: admin.describe_consumer_groups(
+            [self._group_id], request_timeout=timeout_s))[self._group_id]
         if group.state in (ConsumerGroupState.EMPTY, ConsumerGroupState.DEAD) and not group.members:
             return []
         return [f"{m.client_id}@{m.host}" for m in group.members] or [f"(group state {group.state.name})"]
@@ -158,9 +172,8 @@ class KafkaOffsets:
         request = [TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())]
         if not request:
             return
-        futures = self._admin.alter_consumer_group_offsets(
-            [ConsumerGroupTopicPartitions(self._group_id, request)], request_timeout=_TIMEOUT_S)
-        result = self._answer(futures[self._group_id])
+        result = self._ask(lambda admin, timeout_s: admin.alter_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(self._group_id, request)], request_timeout=timeout_s))[self._group_id]
         refused = [f"{tp.topic}:{tp.partition} ({tp.error})" for tp in result.topic_partitions or ()
                    if tp.error is not None]
         if refused:
@@ -171,10 +184,9 @@ class KafkaOffsets:
         request = None if tps is None else [TopicPartition(t, p) for t, p in tps]
         if request == []:
             return {}
-        futures = self._admin.list_consumer_group_offsets(
-            [ConsumerGroupTopicPartitions(self._group_id, request)], request_timeout=_TIMEOUT_S
-        )
-        result = self._answer(next(iter(futures.values())))
+        answers = self._ask(lambda admin, timeout_s: admin.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(self._group_id, request)], request_timeout=timeout_s))
+        result = next(iter(answers.values()))
         return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions or () if tp.offset >= 0}
 
     def resolve_start(self, tps: list[TP], starting: str, gap_policy: str,
@@ -249,3 +261,7 @@ class KafkaOffsets:
         if resolved:
             commit(resolved)  # through the group member: a broker refuses others while it is active
         return start
+
+
+def _timed_out(exc: KafkaException) -> bool:
+    return bool(exc.args) and exc.args[0].code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT)
