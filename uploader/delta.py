@@ -22,16 +22,27 @@ checks the transaction again. A conflict is never resolved by delta-rs behind ou
 makes "never applied twice" hold for two writers on one partition too (a zombie after a rebalance).
 A conflict is a RetryableUploadError with reason `delta_conflict` (counted per reason like every retry).
 
-A narrowing the table cannot take (a string for an int column, a double for an int column) is a
-FatalUploadError with reason `delta_schema`, naming topic, partition, offsets and column: a content
-rejection, parked under SINK_REJECTED_FILE_POLICY=park like an EMS 400. New columns are added
-(`merge_schema`); a column the table holds but the file lacks is NULL in rows the file inserts or replaces.
+Schema evolution follows the decode lattice (sink_service.decode.column_types). A file column narrower
+than the table's is converted up by us where every value stays exact (an int into a double column). A
+file column wider than the table's (a double for a long column) widens the table: one overwrite commit
+rewrites the table's rows with the column converted by the lattice, then the merge proceeds; a conflict
+with another writer is the retried `delta_conflict`, and application transactions are log state the
+rewrite keeps. Widening into text (a string for a long column) needs SINK_DELTA_WIDEN_TO_STRING=true: one
+dirty value would otherwise turn a numeric column into text for good. What cannot widen (that, a partition
+column, nested or temporal types a safe cast refuses) is a FatalUploadError with reason `delta_schema`,
+naming topic, partition, offsets and column: a content rejection, parked under
+SINK_REJECTED_FILE_POLICY=park like an EMS 400. Nothing reaches delta-rs's own cast, which truncates (9.5
+into an int column is 9). New columns are added (`merge_schema`); a column the table holds but the file
+lacks is NULL in rows the file inserts or replaces.
+
+Maintenance (compaction, log cleanup, vacuum) runs after a commit on a version multiple: delta_maintenance.
 """
 
 from __future__ import annotations
 
 import logging
 import pathlib
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -43,10 +54,12 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, SchemaMismatchError, TableNotFoundError
 
+from uploader.delta_maintenance import maintain
 from uploader.delta_settings import (
     HARD_DELETES_SETTING,
     POLICY_SETTING,
     TABLE_URI_SETTING,
+    WIDEN_TO_STRING_SETTING,
     DeltaSettings,
 )
 from uploader.errors import FatalUploadError, RetryableUploadError, UploadError
@@ -66,6 +79,10 @@ META_APP_ID = "kafka_parquet_sink.app_id"
 META_FIRST = "kafka_parquet_sink.first_offset"
 META_LAST = "kafka_parquet_sink.last_offset"
 META_APPLIED_FROM = "kafka_parquet_sink.applied_from"  # the first offset this commit applied (an overlap is cut)
+# A rewrite that widened columns ("name: old -> new, ...") and the file that needed it; not META_FILE:
+# the rewrite applies no rows of the file (its merge is the next commit), so it is no application.
+META_WIDENED = "kafka_parquet_sink.widened"
+META_WIDENED_FOR = "kafka_parquet_sink.widened_for"
 _ROW = "__delta_target_row__"
 _FATAL_STORE_WORDS = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
                       "InvalidToken", "403 Forbidden", "status: 403", "Forbidden")
@@ -93,6 +110,11 @@ class DeltaTarget:
         with self._lock:  # one merge at a time per worker; tasks of a worker run one after the other anyway
             details, attempts = call_with_retries(
                 lambda attempt: self._apply(path, metadata, uri), self.settings.retry, on_retry)
+            cached = self._tables.get(uri)
+            if details.get("committed_version") and cached is not None:  # after our commit; never raises
+                maintenance = maintain(cached[0], self.settings, details["committed_version"])
+                if maintenance:
+                    details = {**details, "maintenance": maintenance}
         return Receipt(
             target=self.name,
             location=f"{uri}@v{details['version']}",
@@ -146,7 +168,12 @@ class DeltaTarget:
             rows = _storable(rows)
             if table is None:
                 table = self._create(uri, rows.schema)
-            rows = self._fit(rows, table, metadata, uri)
+            rows, widen = self._fit(rows, table, metadata, uri)
+            if widen:  # the file holds wider values than the table: the table's column widens first
+                table = self._widen(table, widen, metadata, uri, path.parent)
+                rows, widen = self._fit(rows, table, metadata, uri)
+                if widen:
+                    raise RetryableUploadError(f"{what}: the table's schema changed meanwhile", reason=CONFLICT)
             commit = CommitProperties(
                 app_transactions=[Transaction(app_id, end)],
                 max_commit_retries=0,
@@ -154,11 +181,15 @@ class DeltaTarget:
                                  META_FIRST: str(metadata.first_offset), META_LAST: str(metadata.last_offset),
                                  META_APPLIED_FROM: str(applied_from)},
             )
+            read_version = table.version()
             if metadata.primary_keys:
                 counts = self._merge(table, rows, metadata, commit)
             else:
                 write_deltalake(table, rows, mode="append", schema_mode="merge", commit_properties=commit)
                 counts = {"num_target_rows_inserted": rows.num_rows}
+            # This commit's own version (no retries: read version + 1); None when delta-rs made no commit
+            # (a merge that changes no row commits nothing, not even its application transaction).
+            committed = table.version() if table.version() > read_version else None
             table.update_incremental()
         except UploadError:
             self._forget(uri)
@@ -167,7 +198,8 @@ class DeltaTarget:
             self._forget(uri)
             raise classify_error(exc, what=what, metadata=metadata) from exc
         log.debug("%s applied as version %d: %s", what, table.version(), counts)
-        return {"version": table.version(), "app_id": app_id, "skipped": False, "covered_to": end,
+        return {"version": table.version(), "committed_version": committed, "app_id": app_id, "skipped": False,
+                "covered_to": end,
                 "rows": rows.num_rows, **{k: v for k, v in counts.items() if k.startswith("num_")}}
 
     def _merge(self, table: DeltaTable, rows: pa.Table, metadata: FileMetadata,
@@ -227,10 +259,19 @@ class DeltaTarget:
     def _forget(self, uri: str) -> None:
         self._tables.pop(uri, None)
 
-    def _fit(self, rows: pa.Table, table: DeltaTable, metadata: FileMetadata, uri: str) -> pa.Table:
-        """The file's columns cast to the table's types where that loses nothing; a narrowing is refused."""
+    def _fit(self, rows: pa.Table, table: DeltaTable, metadata: FileMetadata,
+             uri: str) -> tuple[pa.Table, dict[str, pa.DataType]]:
+        """The file's columns converted to the table's types where no value changes (the decode lattice's
+        `convert`: int into a double column, a number into a string column), and the columns the table must
+        widen to hold the file (the lattice's join: a double into an int column); a refusal otherwise.
+
+        delta-rs's own cast would truncate (9.5 into an int column is stored as 9): nothing reaches it
+        in a type the table does not hold."""
+        from sink_service.decode.column_types import convert  # the lattice the decoder types files with
+
         table_schema = pa.schema(table.schema().to_arrow())
-        columns = []
+        partitions = set(table.metadata().partition_columns)
+        columns, widen = [], {}
         for name in rows.column_names:
             column = rows[name]
             if name not in table_schema.names:
@@ -240,15 +281,84 @@ class DeltaTarget:
             if column.type.equals(wanted) or _same_kind(column.type, wanted):
                 columns.append(column)
                 continue
-            if not _widens_into(column.type, wanted):
-                raise _refusal(metadata, uri, f"column {name!r} is {column.type} in the file but {wanted} in the "
-                                              "table, and the table cannot take that without rewriting it")
-            try:
-                columns.append(pc.cast(column, wanted, safe=True))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise _refusal(metadata, uri, f"column {name!r} ({column.type}) does not fit the table's {wanted}: "
-                                              f"{exc}") from exc
-        return pa.table(columns, names=rows.column_names)
+            if _kind(column.type) is None or _kind(wanted) is None:  # nested, temporal, binary: a safe cast
+                try:
+                    columns.append(pc.cast(column, wanted, safe=True))
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise _refusal(metadata, uri, f"column {name!r} ({column.type}) does not fit the table's "
+                                                  f"{wanted}: {exc}") from exc
+                continue
+            fitted = _lossless(column, wanted, convert)
+            if fitted.type.equals(wanted) or _same_kind(fitted.type, wanted):
+                columns.append(fitted)
+                continue
+            problem = self._cannot_widen(name, column.type, wanted, fitted.type, partitions)
+            if problem:
+                raise _refusal(metadata, uri, problem)
+            widen[name] = fitted.type
+            columns.append(fitted)
+        return pa.table(columns, names=rows.column_names), widen
+
+    def _cannot_widen(self, name: str, have: pa.DataType, wanted: pa.DataType, wider: pa.DataType,
+                      partitions: set[str]) -> str | None:
+        """Why the table's column may not become `wider`; None when it may."""
+        what = f"column {name!r} is {have} in the file but {wanted} in the table"
+        if name in partitions:
+            return f"{what}, and it is a partition column, which the service does not rewrite"
+        if _kind(wider) == 3 and not self.settings.widen_to_string:
+            return (f"{what}; holding it would turn the table's column into text ({wider}), which "
+                    f"{WIDEN_TO_STRING_SETTING}=true allows (the table is rewritten once, its values kept as text)")
+        if _kind(wider) is None:
+            return f"{what}, and the table cannot take {wider} without rewriting it"
+        return None
+
+    def _widen(self, table: DeltaTable, widen: dict[str, pa.DataType], metadata: FileMetadata,
+               uri: str, scratch: pathlib.Path) -> DeltaTable:
+        """Rewrite the table once with the columns widened, every old value converted by the lattice.
+
+        One overwrite commit from the snapshot just read, `max_commit_retries=0`: a commit of anyone else
+        in between fails it (a retried `delta_conflict` that re-reads the table, which another writer may
+        have widened already). Application transactions are log state, untouched by the rewrite."""
+        from sink_service.decode.column_types import convert, join
+
+        for _ in range(3):  # an old value may need a wider type than the file (2**53 + 1 beside a double)
+            old = pa.schema(table.schema().to_arrow())
+            new = pa.schema([f.with_type(widen[f.name]) if f.name in widen else f for f in old])
+            changes = ", ".join(f"{n}: {old.field(n).type} -> {t}" for n, t in widen.items())
+            # The old rows are converted into a scratch file first: delta-rs cannot read the table from
+            # inside its own write (one async runtime), and a file keeps memory flat for a large table.
+            with tempfile.TemporaryDirectory(dir=scratch, prefix=".delta-widen-") as tmp:
+                converted = pathlib.Path(tmp) / "rows.parquet"
+                needs: dict[str, pa.DataType] = {}
+                with pq.ParquetWriter(converted, new) as writer:
+                    for batch in table.to_pyarrow_dataset().to_batches():
+                        arrays = [convert(batch.column(f.name), f.type) for f in new]
+                        needs = {f.name: a.type for f, a in zip(new, arrays, strict=True) if not a.type.equals(f.type)}
+                        if needs:
+                            break
+                        writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=new))
+                if needs:
+                    partitions = set(table.metadata().partition_columns)
+                    for n, t in needs.items():
+                        problem = self._cannot_widen(n, old.field(n).type, old.field(n).type, t, partitions)
+                        if problem:
+                            raise _refusal(metadata, uri, f"the table's own values need more: {problem}")
+                    widen = {**widen, **{n: join(widen.get(n, old.field(n).type), t) for n, t in needs.items()}}
+                    continue
+                # Written as delta-rs's merges write text (string_view in the files' Arrow schema), so that
+                # readers concatenating the files with pyarrow see one type per column.
+                viewed = pa.schema([f.with_type(pa.string_view()) if _kind(f.type) == 3 else f for f in new])
+                batches = (b.cast(viewed) for b in pq.ParquetFile(converted).iter_batches())
+                write_deltalake(
+                    table, pa.RecordBatchReader.from_batches(viewed, batches), mode="overwrite",
+                    schema_mode="overwrite", partition_by=list(table.metadata().partition_columns) or None,
+                    commit_properties=CommitProperties(max_commit_retries=0, custom_metadata={
+                        META_WIDENED: changes, META_WIDENED_FOR: metadata.file_name()}))
+            log.warning("widened the Delta table %s (%s) for %s: rewritten in one commit, version %d",
+                        uri, changes, metadata.file_name(), table.version())
+            table.update_incremental()
+            return table
+        raise _refusal(metadata, uri, f"the table's columns {', '.join(widen)} could not be widened")
 
     def _storage_options(self) -> dict[str, str]:
         """delta-rs does not read boto3's chain: resolve the credentials with boto3 and pass them explicitly.
@@ -325,12 +435,17 @@ def _same_kind(have: pa.DataType, wanted: pa.DataType) -> bool:
     return _kind(have) == 3 and _kind(wanted) == 3
 
 
-def _widens_into(have: pa.DataType, wanted: pa.DataType) -> bool:
-    """A file type the table's column may take: up the lattice, or one Arrow cast of the same family."""
-    a, b = _kind(have), _kind(wanted)
-    if a is None or b is None:
-        return True  # nested, temporal, binary: a safe cast decides
-    return a <= b
+def _lossless(column: pa.ChunkedArray, wanted: pa.DataType, convert: Any) -> pa.Array:
+    """`column` in `wanted` when every value fits exactly (an int64 file into an int32 column whose values
+    fit, an int into a double column), else in the lattice's join of both, which the table must widen to."""
+    array = column.combine_chunks()
+    if pa.types.is_integer(array.type) and pa.types.is_integer(wanted):
+        try:
+            return array.cast(wanted, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+    return convert(array, wanted)
+
 
 
 def _q(column: str) -> str:

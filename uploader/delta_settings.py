@@ -13,6 +13,13 @@ TABLE_URI_SETTING = "SINK_DELTA_TABLE_URI"
 PARTITION_BY_SETTING = "SINK_DELTA_PARTITION_BY"
 HARD_DELETES_SETTING = "SINK_DELTA_HARD_DELETES"
 POLICY_SETTING = "SINK_REJECTED_FILE_POLICY"
+COMPACT_SETTING = "SINK_DELTA_COMPACT_EVERY_COMMITS"
+VACUUM_EVERY_SETTING = "SINK_DELTA_VACUUM_EVERY_COMMITS"
+VACUUM_RETENTION_SETTING = "SINK_DELTA_VACUUM_RETENTION_HOURS"
+WIDEN_TO_STRING_SETTING = "SINK_DELTA_WIDEN_TO_STRING"
+# Files a vacuum deletes were removed from the table at least this long ago: a reader (a query, a
+# streaming reader of the table) that still holds an older snapshot keeps working for that long.
+VACUUM_RETENTION_FLOOR_HOURS = 24
 S3_SCHEME = "s3://"
 # Each file's partition progress is stored in the commit that applies it, as a Delta application
 # transaction under this id; the version is the first offset the table does not hold yet.
@@ -30,6 +37,11 @@ class DeltaSettings:
     endpoint_url: str | None = None  # SINK_S3_ENDPOINT_URL, for s3:// tables on an S3-compatible store
     region: str | None = None  # SINK_S3_REGION; None: boto3's default
     request_timeout_s: float = 60.0
+    # Maintenance, run by the writer whose merge commit lands on a multiple (0 disables; see delta_maintenance).
+    compact_every_commits: int = 100
+    vacuum_every_commits: int = 1000
+    vacuum_retention_hours: int = 168
+    widen_to_string: bool = False  # a number or bool column may become a string column (rewrites the table)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def __post_init__(self) -> None:
@@ -41,6 +53,11 @@ class DeltaSettings:
             parts = urlsplit(self.endpoint_url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError("SINK_S3_ENDPOINT_URL must be an http(s) URL like https://minio.internal:9000")
+        for name, value in ((COMPACT_SETTING, self.compact_every_commits),
+                            (VACUUM_EVERY_SETTING, self.vacuum_every_commits),
+                            (VACUUM_RETENTION_SETTING, self.vacuum_retention_hours)):
+            if value < 0:
+                raise ValueError(f"{name} must be 0 (off) or positive, not {value}")
 
     def uri_for(self, topic: str) -> str:
         return self.table_uri.replace("{topic}", topic)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sink_service.config.declare import setting
+from uploader.delta_settings import VACUUM_RETENTION_FLOOR_HOURS
 
 S3_URL_SCHEME = "s3://"
 
@@ -86,6 +87,29 @@ class TargetSettings:
         "SINK_DELTA_HARD_DELETES", "With `SINK_TARGET=delta` and `SINK_TOMBSTONES=soft-delete`: a tombstone "
         "newer than the key's row deletes that row from the table instead of storing it with `_deleted=true`.",
         False, group="Target")
+    delta_compact_every_commits: int = setting(
+        "SINK_DELTA_COMPACT_EVERY_COMMITS", "Table maintenance: the file whose merge commits a Delta version that "
+        "is a multiple of this compacts the table's small files (`optimize.compact`, application transactions "
+        "kept) and removes log entries older than `delta.logRetentionDuration`, after its merge; a maintenance "
+        "that conflicts with a concurrent merge is logged and left to the next multiple, and never fails an "
+        "upload. delta-rs itself writes a log checkpoint every `delta.checkpointInterval` (100) commits. 0 "
+        "turns compaction off.", 100, minimum=0, group="Target")
+    delta_vacuum_every_commits: int = setting(
+        "SINK_DELTA_VACUUM_EVERY_COMMITS", "Table maintenance: the file whose merge commits a multiple of this "
+        "version also vacuums the table (deletes files removed from it more than "
+        "`SINK_DELTA_VACUUM_RETENTION_HOURS` ago). 0 turns vacuum off.", 1000, minimum=0, group="Target")
+    delta_vacuum_retention_hours: int = setting(
+        "SINK_DELTA_VACUUM_RETENTION_HOURS", "How long a file removed from the Delta table (by a merge or a "
+        "compaction) is kept before vacuum deletes it: a reader holding an older snapshot keeps working that "
+        "long. At least 24; the table's own `delta.deletedFileRetentionDuration` wins when longer. 0 turns "
+        "vacuum off.", 168, minimum=0, group="Target")
+    delta_widen_to_string: bool = setting(
+        "SINK_DELTA_WIDEN_TO_STRING", "A file whose column is text where the Delta table's column is a number or "
+        "boolean (the decode lattice widened it) rewrites the table once with that column as text (old values "
+        "as the decoder writes them: `12`, `1.5`, `true`). Off: such a file is refused as bad content "
+        "(`SINK_REJECTED_FILE_POLICY`), because one stray value would make the column text for good. Numeric "
+        "widenings (a double for a long column) always rewrite the table; narrower files are cast up.",
+        False, group="Target")
     rejected_file_policy: str = setting(
         "SINK_REJECTED_FILE_POLICY", "A file the endpoint rejects as bad content (EMS: HTTP 400 or 413; S3: "
         "`EntityTooLarge`; Delta: a column type the table cannot take): `fail` stops the service with exit 3; "
@@ -131,6 +155,12 @@ def check_delta(c: object) -> list[str]:
                         f"{uri.split('://')[0]}://.")
     elif uri.startswith(S3_URL_SCHEME) and not uri[len(S3_URL_SCHEME):].partition("/")[0]:
         problems.append(f"SINK_DELTA_TABLE_URI={uri} names no bucket; use `s3://<bucket>/<path>`.")
+    retention = getattr(c, "delta_vacuum_retention_hours", 168)
+    if 0 < retention < VACUUM_RETENTION_FLOOR_HOURS:
+        problems.append(f"SINK_DELTA_VACUUM_RETENTION_HOURS={retention} is below the safe floor of "
+                        f"{VACUUM_RETENTION_FLOOR_HOURS} hours: vacuum would delete files that a reader holding an "
+                        "older snapshot of the table still reads. Use at least "
+                        f"{VACUUM_RETENTION_FLOOR_HOURS} (default 168, Delta's 7 days), or 0 to turn vacuum off.")
     if getattr(c, "delta_hard_deletes", False) and getattr(c, "tombstones", "") != "soft-delete":
         problems.append("SINK_DELTA_HARD_DELETES=true needs SINK_TOMBSTONES=soft-delete: deletes reach the "
                         "table as rows with `_deleted=true`.")
