@@ -1,28 +1,43 @@
-"""SINK_TARGET=delta end to end: the service as a process, a Delta table on a directory, kill -9 mid-stream,
-starting over a table that already holds the head of every partition (as a crash between the Delta
-commit and Kafka's commit leaves it): the table's transactions win over Kafka's offsets.
+"""SINK_TARGET=delta end to end: the service as a process, a Delta table on a directory and on moto's S3
+server, keyed updates and deletes (tombstones), kill -9 mid-stream, starting over a table that already
+holds the head of every partition (as a crash between the Delta commit and Kafka's commit leaves it): the
+table's transactions win over Kafka's offsets. And two instances of one group writing one table while one
+of them is killed and restarted, so partitions move between them.
 
-The table is read back with deltalake, and its history is the proof of exactly once: every commit
-names the partition range it applied, and per partition those ranges must tile 0..end with no overlap
-(zero duplicate applications), however much Kafka replayed after the crash.
+The table is read back with deltalake and with pyarrow over its active files (from the log's add/remove
+actions); its history is the proof of exactly once: every commit names the partition range it applied,
+and per partition those ranges must tile 0..end with no overlap (zero duplicate applications), however
+much Kafka replayed after the crash. See tests/e2e/delta_checks.py.
 """
 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+import threading
+import time
 from pathlib import Path
 
+import boto3
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from deltalake import DeltaTable
 
-from devkit.kafka_data import Workload, committed_offsets, create_topics, end_offsets, produce_orders
+from devkit.kafka_data import Workload, committed_offsets, create_topics, end_offsets
 from devkit.service_process import wait_until
-from tests.e2e.checks import all_committed
-from uploader.delta import META_APP_ID, META_APPLIED_FROM, META_FILE, META_FIRST, META_LAST, DeltaTarget
+from tests.e2e.checks import all_committed, metric_total, scrape_metrics
+from tests.e2e.delta_checks import (
+    CONFLICT_RETRY,
+    S3_CREDENTIALS,
+    SKIPPED,
+    DeltaLocation,
+    assignments,
+    check_table,
+    count_in_logs,
+    delete_env,
+    produce_orders_with_deletes,
+)
+from uploader.delta import DeltaTarget
 from uploader.delta_settings import DeltaSettings
 from uploader.target import FileMetadata
 
@@ -32,23 +47,45 @@ PARTITIONS = 3
 HEAD = 500  # offsets per partition in the table before the service starts
 
 
+def _location(place: str, tmp_path: Path, request: pytest.FixtureRequest, unique) -> DeltaLocation:
+    """Where the table lives: a directory, or a fresh bucket on moto's S3 server (credentials from aws_env)."""
+    if place == "dir":
+        return DeltaLocation(str(tmp_path / "lake" / "{topic}"))
+    request.getfixturevalue("aws_env")
+    moto_url = request.getfixturevalue("moto_url")
+    bucket = unique("lake")
+    boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1").create_bucket(Bucket=bucket)
+    return DeltaLocation(f"s3://{bucket}/tables/{{topic}}", moto_url)
+
+
+def _delta_env(service_env, topic: str, group: str, location: DeltaLocation, **overrides: object) -> dict[str, str]:
+    env = service_env(topic, group, SINK_TARGET="delta", SINK_DELTA_TABLE_URI=location.uri, **overrides)
+    env.pop("SINK_EMS_ENDPOINT")
+    env.pop("SINK_EMS_AUTHORIZATION")
+    if location.on_s3:
+        env.update(SINK_S3_ENDPOINT_URL=location.endpoint_url, SINK_S3_REGION="us-east-1", **S3_CREDENTIALS)
+    return env
+
+
+@pytest.mark.parametrize(("place", "hard_deletes"), [("dir", True), ("s3", False)],
+                         ids=["dir-hard-deletes", "s3-soft-deletes"])
 def test_delta_table_is_exact_and_applied_once_through_kill_minus_nine(
-        bootstrap, tmp_path, unique, service_env, services):
+        place, hard_deletes, bootstrap, tmp_path, unique, service_env, services, request):
+    started = time.monotonic()
     topic, group = unique("deltaorders"), unique("group")
     create_topics(bootstrap, {topic: PARTITIONS})
     workload = Workload()
-    produce_orders(bootstrap, topic, keys=3000, updates=4, workload=workload)
-    lake = tmp_path / "lake"
-    env = service_env(topic, group, SINK_TARGET="delta", SINK_DELTA_TABLE_URI=str(lake / "{topic}"),
-                      SINK_FLUSH_RECORDS=1000, SINK_MAX_FILES_PER_BATCH=3)
-    env.pop("SINK_EMS_ENDPOINT")
-    env.pop("SINK_EMS_AUTHORIZATION")
+    produce_orders_with_deletes(bootstrap, topic, keys=3000, updates=4, workload=workload)
+    where = _location(place, tmp_path, request, unique)
+    env = _delta_env(service_env, topic, group, where, SINK_FLUSH_RECORDS=1000, SINK_MAX_FILES_PER_BATCH=3,
+                     SINK_FLUSH_INTERVAL_MS=1000, **delete_env(hard_deletes))
+    location = DeltaLocation(where.uri.replace("{topic}", topic), where.endpoint_url)
     total = sum(end_offsets(bootstrap, topic, PARTITIONS).values())
 
     def committed() -> int:
         return sum(committed_offsets(bootstrap, group, topic, PARTITIONS).values())
 
-    _apply_head_by_hand(bootstrap, topic, group, str(lake / topic), tmp_path, HEAD)
+    _apply_head_by_hand(bootstrap, topic, group, location, tmp_path, HEAD, hard_deletes)
 
     crashed = service = services(env)
     wait_until(lambda: committed() > 0, 120, "progress before the crash", process=service)
@@ -59,42 +96,90 @@ def test_delta_table_is_exact_and_applied_once_through_kill_minus_nine(
     wait_until(lambda: all_committed(bootstrap, group, topic, PARTITIONS), 180, "all commits", process=service)
     assert service.terminate() == 0
 
-    table = DeltaTable(str(lake / topic))
-    rows = {r["id"]: r for r in table.to_pyarrow_table().to_pylist()}
-    expected = workload.expected_rows(topic)
-    assert len(rows) == len(expected) == table.to_pyarrow_table().num_rows
-    for key, value in expected.items():
-        for field in ("version", "status", "amount", "customer", "note"):
-            assert rows[key][field] == value[field], f"{key}.{field}: {rows[key][field]!r} != {value[field]!r}"
-
-    applied: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    files = []
-    cut = 0  # commits of a file that overlapped the table's range, applied from the table's end on
-    for commit in table.history():
-        if META_APP_ID in commit:
-            cut += commit[META_APPLIED_FROM] != commit[META_FIRST]
-            partition = int(commit[META_APP_ID].rsplit("/", 1)[1])
-            applied[partition].append((int(commit[META_APPLIED_FROM]), int(commit[META_LAST])))
-            files.append(commit[META_FILE])
-    ends = end_offsets(bootstrap, topic, PARTITIONS)
-    for partition in range(PARTITIONS):
-        covered = 0
-        for first, last in sorted(applied[partition]):
-            assert first == covered, f"partition {partition}: a commit applied from {first}, expected {covered}"
-            covered = last + 1
-        assert covered == ends[partition]
-        assert table.transaction_version(f"kafka-parquet-sink/{group}/{topic}/{partition}") == ends[partition]
-    assert len(files) == len(set(files)), "a file was applied twice"
-    skipped = sum(s.log_path.read_text().count("skipped: the table already holds") for s in (crashed, service))
-    print(f"delta e2e: {total} records, {len(files)} applications, each file once; files skipped as already "
-          f"applied: {skipped}, applied from the table's end on: {cut}")
+    found = check_table(location, workload, topic, group, end_offsets(bootstrap, topic, PARTITIONS),
+                        hard_deletes=hard_deletes)
+    logs = [crashed.log_path, service.log_path]
+    deleted = sum(1 for v in workload.expected_rows(topic).values() if v.get("_deleted"))
+    print(f"delta e2e ({place}, hard deletes {hard_deletes}): {total} records, {deleted} keys ending deleted, "
+          f"{found.applications} applications in {found.commits} commits ({found.cut} cut at the table's end), "
+          f"duplicates {found.duplicates()}; files skipped as already applied: {count_in_logs(logs, SKIPPED)}, "
+          f"conflicts retried: "
+          f"{count_in_logs(logs, CONFLICT_RETRY)}; {time.monotonic() - started:.0f}s")
 
 
+def test_two_instances_of_one_group_write_one_s3_table_exactly_once(
+        bootstrap, tmp_path, unique, service_env, services, request):
+    """Two instances of one group on one table while records flow. B joins once A is committing, so the
+    rebalance moves two partitions from A, with A's batch in flight, to B; B is killed with kill -9 after its
+    first commits and restarted (its Delta commits may be ahead of Kafka's). The two race on one log.
 
-def _apply_head_by_hand(bootstrap: str, topic: str, group: str, uri: str, tmp_path: Path, count: int) -> None:
+    (noida-db never hands a dead static member's partitions to the survivor, and a restarted instance is the
+    same static member: so the move is made by B joining, not by the session timeout.)"""
+    started = time.monotonic()
+    partitions = 4
+    topic, group = unique("deltatwo"), unique("group")
+    create_topics(bootstrap, {topic: partitions})
+    workload = Workload()
+    produce_orders_with_deletes(bootstrap, topic, keys=2000, updates=4, workload=workload)
+
+    def produce() -> None:  # live traffic, so both instances have work after the rebalance and the restart
+        for burst in range(8):
+            time.sleep(3)
+            produce_orders_with_deletes(bootstrap, topic, keys=500, updates=4, workload=workload, seed=burst,
+                                        key_prefix=f"live{burst}")
+
+    where = _location("s3", tmp_path, request, unique)
+    location = DeltaLocation(where.uri.replace("{topic}", topic), where.endpoint_url)
+    envs = [_delta_env(service_env, topic, group, where, SINK_FLUSH_RECORDS=800, SINK_MAX_FILES_PER_BATCH=2,
+                       SINK_FLUSH_INTERVAL_MS=1000, **delete_env(False)) for _ in range(2)]
+    envs[1]["SINK_SCRATCH_DIR"] = str(tmp_path / "scratch-b")
+
+    def committed() -> int:
+        return sum(committed_offsets(bootstrap, group, topic, partitions).values())
+
+    def batches(service) -> int:
+        return service.output().count(" uploaded, committed ")
+
+    producing = threading.Thread(target=produce)
+    first = services(envs[0])
+    wait_until(lambda: committed() > 0, 150, "the first instance's progress", process=first)
+    producing.start()
+    try:
+        second = services(envs[1])
+        wait_until(lambda: batches(second) > 0, 150, "the second instance's first commits", process=second)
+        second.kill9()
+        restarted = services(envs[1])
+        producing.join()
+        wait_until(lambda: all_committed(bootstrap, group, topic, partitions), 240, "all commits", process=first)
+    finally:
+        producing.join()
+    samples = [scrape_metrics(int(env["SINK_HTTP_PORT"])) for env in envs]
+    conflicts_metric = sum(metric_total(s, "sink_upload_retries_total", reason="delta_conflict") for s in samples)
+    assert first.terminate() == 0
+    assert restarted.terminate() == 0
+
+    ends = end_offsets(bootstrap, topic, partitions)
+    assert sum(ends.values()) == workload.produced
+    found = check_table(location, workload, topic, group, ends, hard_deletes=False)
+    logs = [first.log_path, second.log_path, restarted.log_path]
+    moved = {"a": assignments(first.log_path), "b": assignments(second.log_path),
+             "b restarted": assignments(restarted.log_path)}
+    assert moved["a"][0].startswith(f"{partitions} ") and moved["a"][-1].startswith("2 "), moved
+    assert batches(first) and batches(restarted), "an instance never committed"
+    print(f"two instances: {workload.produced} records, {found.applications} applications in {found.commits} "
+          f"commits ({found.cut} cut at the table's end), duplicates {found.duplicates()}; conflicts retried: "
+          f"{count_in_logs(logs, CONFLICT_RETRY)} in the logs ({conflicts_metric:.0f} on the live instances' "
+          f"/metrics), files skipped as already applied: {count_in_logs(logs, SKIPPED)}; batches a/b/b again "
+          f"{batches(first)}/{batches(second)}/{batches(restarted)}; assignments {moved}; "
+          f"{time.monotonic() - started:.0f}s")
+
+
+def _apply_head_by_hand(bootstrap: str, topic: str, group: str, location: DeltaLocation, tmp_path: Path,
+                        count: int, hard_deletes: bool) -> None:
     """What a crash between the Delta commit and Kafka's commit leaves: the table holds each partition's
     first `count` offsets (applied with the group's transaction ids), Kafka has nothing committed."""
-    target = DeltaTarget(DeltaSettings(table_uri=uri, group_id=group))
+    target = DeltaTarget(DeltaSettings(table_uri=location.uri, group_id=group, hard_deletes=hard_deletes,
+                                       endpoint_url=location.endpoint_url, region="us-east-1"))
     for partition in range(PARTITIONS):
         consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{group}-reader",
                              "enable.auto.commit": False})
@@ -103,7 +188,8 @@ def _apply_head_by_hand(bootstrap: str, topic: str, group: str, uri: str, tmp_pa
         while len(rows) < count:
             message = consumer.poll(10)
             assert message is not None and message.error() is None
-            rows.append({**json.loads(message.value()), "_offset": message.offset()})
+            value = json.loads(message.value()) if message.value() is not None else json.loads(message.key())
+            rows.append({**value, "_offset": message.offset(), "_deleted": message.value() is None})
         consumer.close()
         path = tmp_path / f"head-{partition}.parquet"
         pq.write_table(pa.Table.from_pylist(rows), path)
