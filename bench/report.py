@@ -98,6 +98,8 @@ def ratios(systems: dict[str, dict], keys: list[tuple[str, str, bool]] = RATIOS)
     pairs = [("service", other) for other in PEERS if other in systems]
     if "service+sql" in systems:
         pairs.append(("service+sql", "service"))
+    if "delta" in systems:
+        pairs.append(("delta", "service"))
     for a, b in pairs:
         out[f"{a}/{b}"] = {key: ratio(systems[a].get(key), systems[b].get(key)) for key, _, _ in keys}
     return out

@@ -417,6 +417,9 @@ def _thread_ids(pid: int) -> list[str]:
         return []
 
 
+from bench.systems.delta_table import SinkServiceDelta  # noqa: E402 - it subclasses SinkService, defined above
+
 SYSTEMS: dict[str, type[System]] = {"service": SinkService, "pathway": PathwayJsonLines, "quix": QuixFileSink,
-                                    "handwritten": Handwritten, "service+sql": SinkServiceSql}
-DEFAULT_SYSTEMS = ("service", "pathway", "quix", "handwritten")  # service+sql is opt-in
+                                    "handwritten": Handwritten, "service+sql": SinkServiceSql,
+                                    "delta": SinkServiceDelta}
+DEFAULT_SYSTEMS = ("service", "pathway", "quix", "handwritten")  # service+sql and delta are opt-in

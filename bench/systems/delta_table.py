@@ -1,0 +1,118 @@
+"""The service with `SINK_TARGET=delta`: each closed file merged into a local Delta table (delta-rs).
+
+A variant of the `service` system (same workload, same thresholds, same consumer-group progress), so the
+two run side by side: `--systems service,delta`. Its output is read back from the table's log after the
+run: a commit per applied file (`kafka_parquet_sink.*` in the commit info) and the commit's timestamp as the
+file's arrival. Latency is measured over the rows the table holds at the end (the latest version of each
+key: the last update of a key, so a sample biased to the end of the stream), each matched to the commit
+that applied its partition's offset range.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from bench.systems import Output, RunContext, SinkService
+
+META_APP_ID = "kafka_parquet_sink.app_id"
+META_FIRST = "kafka_parquet_sink.first_offset"
+META_LAST = "kafka_parquet_sink.last_offset"
+
+
+class SinkServiceDelta(SinkService):
+    """(a'') this service merging each file into a Delta table on the local disk, instead of POSTing it to EMS."""
+
+    name, label = "delta", "sink service -> Delta table"
+    pushes_to_endpoint = False
+
+    def extra_env(self, ctx: RunContext) -> dict[str, str]:
+        self.table_dir = ctx.work / "delta_table"
+        return {"SINK_TARGET": "delta", "SINK_DELTA_TABLE_URI": str(self.table_dir)}
+
+    def before_stop(self) -> dict:
+        found = super().before_stop()
+        try:
+            found.update(delta_summary(self.table_dir))
+        except Exception as exc:  # the numbers of the run must survive a table that cannot be read
+            found["delta_error"] = f"{type(exc).__name__}: {exc}"
+        return found
+
+    def output(self, ctx: RunContext, endpoint) -> Output:
+        return delta_output(self.table_dir)
+
+
+def _commits(table_dir: Path) -> list[dict]:
+    """Every commit of the JSON log: version, timestamp (ms), the file it applied and bytes added/removed."""
+    out = []
+    for entry in sorted((table_dir / "_delta_log").glob("*.json")):
+        commit = {"version": int(entry.stem), "added": 0, "removed": 0, "files_added": 0}
+        for line in entry.read_text().splitlines():
+            action = json.loads(line)
+            if "add" in action:
+                commit["added"] += int(action["add"].get("size") or 0)
+                commit["files_added"] += 1
+            elif "remove" in action:
+                commit["removed"] += int(action["remove"].get("size") or 0)
+            elif "commitInfo" in action:
+                info = action["commitInfo"]
+                commit.update(timestamp_ms=info.get("timestamp"), operation=info.get("operation"),
+                              app_id=info.get(META_APP_ID), first=info.get(META_FIRST), last=info.get(META_LAST))
+        out.append(commit)
+    return out
+
+
+def delta_summary(table_dir: Path) -> dict:
+    """What the table looks like after the run: commits, files, bytes, rows, and the bytes merges rewrote."""
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(table_dir))
+    commits = _commits(table_dir)
+    merges = [c for c in commits if c.get("app_id")]
+    actions = table.get_add_actions(flatten=True)
+    sizes = actions.column("size_bytes").to_pylist() if actions.num_rows else []
+    return {"delta_version": table.version(), "delta_merge_commits": len(merges), "delta_files": len(sizes),
+            "delta_mb": sum(sizes) / 1e6, "delta_rows": table.count(),
+            "delta_mb_written": sum(c["added"] for c in commits) / 1e6,
+            "delta_mb_rewritten": sum(c["removed"] for c in commits) / 1e6}
+
+
+def delta_output(table_dir: Path) -> Output:
+    """Per applied file a commit; per row the table holds, its Kafka timestamp and its commit's time."""
+    from deltalake import DeltaTable
+
+    commits = [c for c in _commits(table_dir) if c.get("app_id") and c.get("last") is not None]
+    out = Output(files=len(commits), bytes=sum(c["added"] for c in commits))
+    if not commits:
+        return out
+    # The table's files read with pyarrow (no partition columns here): to_pyarrow_table() in this process, after
+    # DeltaTarget merges in it, once ended the interpreter with "terminate called without an active exception".
+    columns = ["_partition", "_offset", "_timestamp"]
+    rows = pa.concat_tables([pq.read_table(uri, columns=columns) for uri in DeltaTable(str(table_dir)).file_uris()])
+    out.rows = rows.num_rows
+    partition = rows.column("_partition").to_numpy()
+    offset = rows.column("_offset").to_numpy()
+    stamp = rows.column("_timestamp").cast("int64").to_numpy()
+    unit = rows.schema.field("_timestamp").type.unit
+    stamp_ms = (stamp * {"s": 1000, "ms": 1, "us": 1e-3, "ns": 1e-6}[unit]).astype(np.int64)
+    arrival = np.full(rows.num_rows, np.nan)
+    for p in np.unique(partition):
+        mine = sorted((int(c["last"]), c["timestamp_ms"] / 1000) for c in commits
+                      if c["app_id"].rsplit("/", 1)[-1] == str(p))
+        if not mine:
+            continue
+        lasts = np.array([last for last, _ in mine])
+        times = np.array([t for _, t in mine])
+        where = partition == p
+        index = np.searchsorted(lasts, offset[where])  # the first commit whose last offset >= the row's offset
+        found = index < len(lasts)
+        values = np.full(index.size, np.nan)
+        values[found] = times[index[found]]
+        arrival[where] = values
+    known = ~np.isnan(arrival)
+    out.upload_s, out.produced_ms = arrival[known], stamp_ms[known]
+    return out
