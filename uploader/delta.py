@@ -22,7 +22,7 @@ checks the transaction again. A conflict is never resolved by delta-rs behind ou
 makes "never applied twice" hold for two writers on one partition too (a zombie after a rebalance).
 A conflict is a RetryableUploadError with reason `delta_conflict` (counted per reason like every retry).
 
-Schema evolution follows the decode lattice (sink_service.decode.column_types). A file column narrower
+Schema evolution follows the decode lattice (uploader.column_types). A file column narrower
 than the table's is converted up by us where every value stays exact (an int into a double column). A
 file column wider than the table's (a double for a long column) widens the table: one overwrite commit
 rewrites the table's rows with the column converted by the lattice, then the merge proceeds; a conflict
@@ -54,6 +54,7 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, SchemaMismatchError, TableNotFoundError
 
+from uploader.column_types import convert, join
 from uploader.delta_maintenance import maintain
 from uploader.delta_settings import (
     HARD_DELETES_SETTING,
@@ -62,6 +63,7 @@ from uploader.delta_settings import (
     WIDEN_TO_STRING_SETTING,
     DeltaSettings,
 )
+from uploader.delta_storage import storage_options
 from uploader.errors import FatalUploadError, RetryableUploadError, UploadError
 from uploader.retry import OnRetry, call_with_retries
 from uploader.s3_settings import CREDENTIALS_SETTING, ENDPOINT_URL_SETTING
@@ -228,7 +230,7 @@ class DeltaTarget:
 
     def _open(self, uri: str) -> DeltaTable | None:
         """The newest snapshot of the table, or None when there is none yet."""
-        options = self._storage_options()
+        options = storage_options(self.settings)
         cached = self._tables.get(uri)
         if cached is not None and cached[1] == tuple(sorted(options.items())):
             cached[0].update_incremental()
@@ -242,7 +244,7 @@ class DeltaTarget:
 
     def _create(self, uri: str, schema: pa.Schema) -> DeltaTable:
         """Created from the first file's schema; `ignore`: another writer may create it at the same time."""
-        options = self._storage_options()
+        options = storage_options(self.settings)
         missing = [c for c in self.settings.partition_by if c not in schema.names]
         if missing:
             raise FatalUploadError(
@@ -267,8 +269,6 @@ class DeltaTarget:
 
         delta-rs's own cast would truncate (9.5 into an int column is stored as 9): nothing reaches it
         in a type the table does not hold."""
-        from sink_service.decode.column_types import convert  # the lattice the decoder types files with
-
         table_schema = pa.schema(table.schema().to_arrow())
         partitions = set(table.metadata().partition_columns)
         columns, widen = [], {}
@@ -319,8 +319,6 @@ class DeltaTarget:
         One overwrite commit from the snapshot just read, `max_commit_retries=0`: a commit of anyone else
         in between fails it (a retried `delta_conflict` that re-reads the table, which another writer may
         have widened already). Application transactions are log state, untouched by the rewrite."""
-        from sink_service.decode.column_types import convert, join
-
         for _ in range(3):  # an old value may need a wider type than the file (2**53 + 1 beside a double)
             old = pa.schema(table.schema().to_arrow())
             new = pa.schema([f.with_type(widen[f.name]) if f.name in widen else f for f in old])
@@ -359,35 +357,6 @@ class DeltaTarget:
             table.update_incremental()
             return table
         raise _refusal(metadata, uri, f"the table's columns {', '.join(widen)} could not be widened")
-
-    def _storage_options(self) -> dict[str, str]:
-        """delta-rs does not read boto3's chain: resolve the credentials with boto3 and pass them explicitly.
-
-        Resolved per attempt, so a refreshed role or web-identity token replaces the table handle."""
-        if not self.settings.on_s3():
-            return {}
-        import boto3  # only for tables on S3
-
-        session = boto3.session.Session()
-        credentials = session.get_credentials()
-        if credentials is None:
-            raise FatalUploadError(
-                f"Delta table {self.settings.table_uri}: boto3 found no credentials; this will not be retried. "
-                f"Check {CREDENTIALS_SETTING}.", reason="no_credentials", setting=CREDENTIALS_SETTING)
-        frozen = credentials.get_frozen_credentials()
-        options = {
-            "AWS_ACCESS_KEY_ID": frozen.access_key,
-            "AWS_SECRET_ACCESS_KEY": frozen.secret_key,
-            "AWS_REGION": self.settings.region or session.region_name or "us-east-1",
-            "timeout": f"{max(1, round(self.settings.request_timeout_s))}s",
-        }
-        if frozen.token:
-            options["AWS_SESSION_TOKEN"] = frozen.token
-        if self.settings.endpoint_url:
-            options["AWS_ENDPOINT_URL"] = self.settings.endpoint_url
-            if self.settings.endpoint_url.startswith("http://"):
-                options["AWS_ALLOW_HTTP"] = "true"
-        return options
 
 
 # --- rows -----------------------------------------------------------------------------------------

@@ -11,6 +11,9 @@ errors are classified by the target's own rules, so a line names the setting the
   shape (as `local_ems` does, in a gateway's order), so 401/403 mean the key, and 400 means the key
   was accepted and the empty request refused: nothing can be stored without a `file` part. Any other
   answer proves nothing about the key, which is said plainly rather than uploading data to find out.
+- Delta: each table the named topics go to, opened as the target opens it (its version and
+  partitioning said); where it exists or will be created, the same write probe as for a directory or
+  an S3 prefix, so a read-only mount or bucket fails here rather than at the first merge.
 - schema registry: `GET /subjects`, with the basic auth and CA bundle the decoders use.
 """
 
@@ -32,6 +35,7 @@ from uploader.masking import mask_userinfo, redact
 
 if TYPE_CHECKING:
     from sink_service.config import SinkConfig
+    from uploader.delta_settings import DeltaSettings
     from uploader.directory import DirectorySettings
     from uploader.ems import EmsSettings
     from uploader.s3_settings import S3Settings
@@ -43,6 +47,7 @@ PROBE_BODY = b"written by `sink-service check` to prove this prefix is writable;
 def target_probes(config: SinkConfig, timeout_s: float) -> list[Probe]:
     """The configured target, then the parking place when rejected files are parked."""
     from sink_service.config.upload_targets import parked_settings, target_settings
+    from uploader.delta_settings import DeltaSettings
     from uploader.directory import DirectorySettings
     from uploader.ems import EmsSettings
     from uploader.parking import ParkingSettings
@@ -57,6 +62,8 @@ def target_probes(config: SinkConfig, timeout_s: float) -> list[Probe]:
         probes.append(dir_probe(inner, "dir target", "SINK_DIR_PATH"))
     elif isinstance(inner, EmsSettings):
         probes.append(ems_probe(inner, timeout_s))
+    elif isinstance(inner, DeltaSettings):
+        probes += delta_probes(inner, config.topics, timeout_s)
     if isinstance(settings, ParkingSettings):
         parked = parked_settings(config, inner.retry)
         probes.append(s3_probe(parked, timeout_s, "parked files (SINK_PARKED_PATH)", "SINK_PARKED_PATH")
@@ -141,6 +148,60 @@ def dir_probe(settings: DirectorySettings, label: str, setting: str) -> Probe:
         with contextlib.suppress(OSError):
             probe.unlink()
     return Probe(OK, what, f"created and removed a probe file; {_free(root)} free")
+
+
+# --- Delta ----------------------------------------------------------------------------------------
+DELTA_SETTING = "SINK_DELTA_TABLE_URI"
+
+
+def delta_probes(settings: DeltaSettings, topics: tuple[str, ...], timeout_s: float) -> list[Probe]:
+    """One line per table the named topics go to (`{topic}`); under a pattern, tables are not known yet."""
+    if "{topic}" not in settings.table_uri:
+        return [delta_probe(settings, settings.table_uri, timeout_s)]
+    if not topics:
+        return [Probe(SKIP, f"Delta tables {settings.table_uri}", "one per topic of SINK_TOPIC_PATTERN: "
+                      "each is probed by its first merge")]
+    return [delta_probe(settings, settings.uri_for(topic), timeout_s) for topic in topics]
+
+
+def delta_probe(settings: DeltaSettings, uri: str, timeout_s: float) -> Probe:
+    """The write probe of the table's directory or S3 prefix (its errors name the setting), then the table
+    opened as the target opens it."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    from uploader.delta_storage import storage_options
+    from uploader.directory import DirectorySettings
+    from uploader.s3_settings import S3Settings
+
+    what = f"Delta table {uri}"
+    if settings.on_s3():
+        bucket, _, prefix = uri[len("s3://"):].partition("/")
+        written = s3_probe(S3Settings(bucket=bucket, prefix=prefix, endpoint_url=settings.endpoint_url,
+                                      region=settings.region), timeout_s, what, DELTA_SETTING)
+    else:
+        written = dir_probe(DirectorySettings(path=uri), what, DELTA_SETTING)
+    if written.failed:
+        return written
+    try:
+        options = storage_options(settings)
+    except FatalUploadError as error:
+        return Probe(FAIL, what, _reason(error), error.setting)
+    if options:  # an S3 table: the probe's own timeout
+        options["timeout"] = f"{max(1, round(timeout_s))}s"
+    try:
+        table = DeltaTable(uri, storage_options=options or None)
+        found = (f"version {table.version()}, partitioned by "
+                 f"{', '.join(table.metadata().partition_columns) or 'nothing'}")
+    except TableNotFoundError:
+        found = "not created yet: the first merge creates it from the first file's schema"
+    except Exception as exc:  # delta-rs reports store errors as its own exception types, or OSError
+        plain = " ".join(_ANSI.sub("", str(exc)).split())
+        return Probe(FAIL, what, f"cannot be read: {plain[:400]}", DELTA_SETTING)
+    return Probe(written.status, what, f"{found}; {written.reason}", written.fix)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # delta-rs colours the arrows of its error chains
 
 
 def _free(path: Path) -> str:

@@ -17,7 +17,8 @@
     (../transform.py)   SINK_TRANSFORM_SQL over the shaped rows, when set
     required_fields.py  rows without a primary key or order value
     bad_records.py      what could not become a row, by topic, partition and offset
-    column_types.py     the widening lattice that joins types, here and between files
+    (uploader/column_types.py) the widening lattice that joins types, here, between files and in
+                        a Delta table
     compact.py          the latest row per key in a file (SINK_COMPACT_FILES), used by the file writer
 
 Every stage works on a whole batch at once; only what fails is looked at record by record.
@@ -33,7 +34,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sink_service.decode.bad_records import BadRecord, Failures, bad_records, kept
-from sink_service.decode.column_types import unify
 from sink_service.decode.csv_values import CsvFormat, parse_csv, parse_raw
 from sink_service.decode.flatten import FieldCollision, flatten
 from sink_service.decode.json_values import ParsedValues, parse_objects
@@ -53,6 +53,7 @@ from sink_service.decode.required_fields import missing_fields
 from sink_service.decode.tombstones import DELETED, tombstone_failures, with_deleted
 from sink_service.shared.column_names import DEFAULT_METADATA_COLUMNS, METADATA_COLUMNS, OFFSET, column_name
 from sink_service.transform.rows import Transform, TransformFailed
+from uploader.column_types import unify
 
 __all__ = ["RAW_SCHEMA", "BadRecord", "DecodeSpec", "DecodedChunk", "decode"]
 

@@ -37,9 +37,9 @@ from typing import Any
 import fastavro
 import pyarrow as pa
 
-from sink_service.decode.column_types import json_text
 from sink_service.decode.json_values import ParsedValues
 from sink_service.decode.registry import Decoder, RegistryClient, RegistrySettings, parse_framed
+from uploader.column_types import json_text
 
 Fix = Callable[[Any], Any]  # turns what fastavro returns into what the Arrow type holds
 VALUE_COLUMN = "value"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from sink_service.decode.column_types import convert
+from uploader.column_types import convert
 
 
 class DoesNotFit(Exception):

@@ -45,8 +45,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sink_service.decode.bad_records import Failures
-from sink_service.decode.column_types import _map_list, json_text, unify
 from sink_service.shared.column_names import column_name
+from uploader.column_types import _map_list, json_text, unify
 
 _NOT_CONTROL = bytes(range(0x20, 0x100))  # bytes a JSON string may hold unescaped (but `"` and `\`)
 _TEXT = pa.string()

@@ -5,7 +5,7 @@ A path names a place in a JSON object: field names, and `ITEM` for "each element
 here keeps every digit, and an integer of any size can be told from a double.
 
 Two rewrites feed a chunk back to `pyarrow.json`, both following the widening lattice of
-`sink_service.decode.column_types`, where values of different kinds in one field join to string:
+`uploader.column_types`, where values of different kinds in one field join to string:
 - `quote_mixed`: where one path holds values of more than one kind (a number and a string, an
   object and a number, ...), every value there becomes a string holding its JSON text.
 - `quote_at`: the numbers at given paths become strings of their digits (integers beyond int64
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from sink_service.decode.column_types import json_text
+from uploader.column_types import json_text
 
 Path = tuple[str | None, ...]
 ITEM = None  # path step into an array's elements (field names are strings)

@@ -3,7 +3,7 @@
 The fast path parses a whole chunk of values with `pyarrow.json` in one call. Only a chunk that
 fails to parse is bisected, to find the bad records and the boundaries between incompatible
 inferred types; a healthy stream never pays for a per-record Python loop. The parts a
-bisection finds are joined again by the widening lattice (`sink_service.decode.column_types`),
+bisection finds are joined again by the widening lattice (`uploader.column_types`),
 so a chunk always gives one table, whatever types its fields flip between.
 
 Inference never changes a value. Where `pyarrow.json` would, the chunk is parsed a second time
@@ -39,9 +39,9 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from sink_service.decode.bad_records import Failures, kept
-from sink_service.decode.column_types import unify, without_empty_structs
 from sink_service.decode.declared_schema import DoesNotFit, apply_declared, is_temporal
 from sink_service.decode.json_paths import ITEM, Path, big_integer_digits, quote_at, quote_mixed
+from uploader.column_types import unify, without_empty_structs
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sink_service.decode.bad_records import Failures
-from sink_service.decode.column_types import convert, join
 from sink_service.decode.json_values import ParsedValues, parse_objects
+from uploader.column_types import convert, join
 
 KEY_FORMATS = ("string", "json", "raw", "avro", "protobuf")
 STRUCTURED_KEY_FORMATS = ("json", "avro", "protobuf")  # keys whose fields become columns

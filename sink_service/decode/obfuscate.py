@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sink_service.decode.column_types import _map_list, _rebuild_struct, convert
+from uploader.column_types import _map_list, _rebuild_struct, convert
 
 METHODS = ("fix", "sha1", "sha512")
 MASK = "*****"

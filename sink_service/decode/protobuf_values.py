@@ -39,9 +39,9 @@ from google.protobuf import descriptor_pool, json_format, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.descriptor_pb2 import FileDescriptorProto
 
-from sink_service.decode.column_types import json_text
 from sink_service.decode.json_values import ParsedValues
 from sink_service.decode.registry import Decoder, RegistryClient, RegistrySettings, parse_framed
+from uploader.column_types import json_text
 
 Convert = Callable[[Any], Any]
 _FD = FieldDescriptor

@@ -27,9 +27,9 @@ import pyarrow as pa
 import requests
 import tenacity
 
-from sink_service.decode.column_types import without_empty_structs
 from sink_service.decode.json_values import ParsedValues
 from uploader.classify import is_certificate_failure
+from uploader.column_types import without_empty_structs
 from uploader.masking import mask_userinfo
 
 # What building a decoder from a schema the registry holds can raise when the schema is not one

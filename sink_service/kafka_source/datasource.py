@@ -212,9 +212,9 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
     # --- reading, decoding, writing, uploading (executor side) ------------------------------------
     def read(self, partition: KafkaRangePartition) -> Iterator[pa.RecordBatch]:
         """One outcome row per range, range after range: the records stay in this Python worker."""
-        from sink_service.decode.column_types import decode_schema
         from sink_service.task.partition_task import process_range
         from sink_service.task.range_reader import consumer_config, read_range
+        from uploader.column_types import decode_schema
 
         o = self.options
         config = consumer_config(o.client_config, o.group_id)

@@ -30,7 +30,7 @@ class PlannerHints:
 
     def learn_types(self, topic: str, written: str) -> None:
         # The driver's side only: the planner process reads hints without importing the decoders.
-        from sink_service.decode.column_types import decode_schema, encode_schema, join_schemas
+        from uploader.column_types import decode_schema, encode_schema, join_schemas
 
         schema = decode_schema(written)
         if schema is None:

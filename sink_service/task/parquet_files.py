@@ -4,7 +4,7 @@ Rows are buffered only up to one row group, so memory stays bounded whatever the
 A file is closed once its encoded size reaches the byte threshold, so files are capped at that
 threshold plus at most one row group.
 
-Column types follow the widening lattice of `sink_service.decode.column_types`:
+Column types follow the widening lattice of `uploader.column_types`:
 - Each chunk is conformed to the open file's schema. A chunk that needs a wider type (a new
   field, or the join of two types) widens the rows still buffered in place; once a row group
   with the narrower type is on disk, that file is closed and the next starts with the wider
@@ -30,8 +30,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sink_service.decode.column_types import conform, join, join_schemas, unify
 from sink_service.decode.compact import FileCompactor
+from uploader.column_types import conform, join, join_schemas, unify
 from uploader.parquet_info import schema_fingerprint
 
 ROW_GROUP_MAX_BYTES = 32 * 1024 * 1024

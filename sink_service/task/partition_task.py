@@ -22,7 +22,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sink_service.decode import BadRecord, DecodedChunk, DecodeSpec, decode
-from sink_service.decode.column_types import encode_schema
 from sink_service.decode.compact import FileCompactor
 from sink_service.decode.registry import RegistryRefused, RegistryUnavailable
 from sink_service.logs import WorkerLogging, configure_worker, current
@@ -33,6 +32,7 @@ from sink_service.task.range_reader import unreadable_headers
 from sink_service.task.ranges import Range
 from sink_service.task.upload_signals import NO_SIGNALS, SignalChannel, SignalSender
 from sink_service.transform.rows import Transform, TransformFailed
+from uploader.column_types import encode_schema
 from uploader.errors import FatalUploadError, RetryableUploadError
 from uploader.parking import PARKED_TARGET
 from uploader.target import FileMetadata, Receipt, UploadTarget

@@ -23,13 +23,13 @@ from confluent_kafka.admin import AdminClient
 
 from sink_service.config import SinkConfig
 from sink_service.decode import DecodedChunk, DecodeSpec, decode
-from sink_service.decode.column_types import join_schemas
 from sink_service.kafka_source.offsets import KafkaOffsets
 from sink_service.task.parquet_files import ClosedFile, PartitionFileWriter
 from sink_service.task.partition_task import DATA_ERRORS, _bisect_unwritable, _readable_runs
 from sink_service.task.range_reader import consumer_config, read_range
 from sink_service.task.ranges import Range
 from sink_service.transform.rows import Transform
+from uploader.column_types import join_schemas
 
 TP = tuple[str, int]
 # Bookkeeping columns of the spill files: where each row came from.

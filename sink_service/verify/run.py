@@ -17,6 +17,7 @@ from sink_service.verify.target import (
     CannotVerify,
     TargetRows,
     TargetUnreadable,
+    delta_table,
     directory_files,
     ems_table,
     export_files,
@@ -64,14 +65,15 @@ def verify(config: SinkConfig, options: VerifyOptions) -> Report:
             raise CannotVerify("no primary keys: SINK_PRIMARY_KEYS is unset and no record had a key to learn them from")
         tables: dict[str, list[str]] = defaultdict(list)
         for topic in topics:
-            tables[config.table_for(topic)].append(topic)
+            tables[_table_of(config, topic)].append(topic)
         if options.target_export is not None and len(tables) > 1:
             raise CannotVerify(f"--target-export holds one table, but the topics go to {len(tables)} "
                                f"({', '.join(sorted(tables))}): set SINK_TOPICS to the topics of one table")
         comparer = Comparer(work / "duckdb", options.memory_limit)
         try:
-            for table, table_topics in sorted(tables.items()):
-                target = _target_rows(config, options, table, table_topics, expected, work / "target" / table)
+            for n, (table, table_topics) in enumerate(sorted(tables.items())):
+                # Numbered, not named: a table's name may be a path or an s3:// URI.
+                target = _target_rows(config, options, table, table_topics, expected, work / "target" / str(n))
                 report.target = target.described
                 options.progress(f"comparing table {table} with {len(target.files)} file(s) of {target.described}")
                 report.uncommitted_files += target.uncommitted_files
@@ -83,6 +85,13 @@ def verify(config: SinkConfig, options: VerifyOptions) -> Report:
         finally:
             comparer.close()
     return report
+
+
+def _table_of(config: SinkConfig, topic: str) -> str:
+    """The table a topic's rows end in: an EMS table name, or a Delta table's URI."""
+    if config.target == "delta":
+        return (config.delta_table_uri or "").replace("{topic}", topic)
+    return config.table_for(topic)
 
 
 def _check_ems_readable(config: SinkConfig) -> None:
@@ -102,6 +111,8 @@ def _target_rows(config: SinkConfig, options: VerifyOptions, table: str, topics:
         return s3_files(config, topics, committed, download)
     if config.target == "ems":
         return ems_table(config, table, download)
+    if config.target == "delta":
+        return delta_table(config, table, download)
     raise TargetUnreadable(f"SINK_TARGET={config.target} cannot be verified")
 
 

@@ -8,6 +8,9 @@
 - `ems` at a `local_ems`: its table, read through its `/_control/tables/<name>` endpoint.
 - `ems` anywhere else: the continuous-push API has no read-back, so the operator exports the table
   as Parquet and names it with `--target-export`.
+- `delta`: the table's current version, read with deltalake in batches and spilled to one Parquet
+  file. The table holds the latest row per key already; rows of ranges it applied past Kafka's
+  committed offsets (it commits first) show as `ahead`.
 Each file keeps its origin (topic, partition, first offset) so an upsert engine's order can be
 replayed: the highest order value wins, ties go to the later file and the later row.
 """
@@ -170,6 +173,35 @@ def ems_table(config: SinkConfig, table: str, download_dir: Path) -> TargetRows:
     except (OSError, ValueError) as exc:
         raise TargetUnreadable(f"{NO_READ_BACK} ({url}: {exc})") from None
     return _ems_rows(table, answer["columns"], answer["rows"], download_dir, url)
+
+
+def delta_table(config: SinkConfig, uri: str, download_dir: Path) -> TargetRows:
+    """A Delta table's current rows as one local Parquet file, written batch by batch (bounded memory)."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError, TableNotFoundError
+
+    from sink_service.config.upload_targets import target_settings
+    from uploader.delta_settings import DeltaSettings
+    from uploader.delta_storage import storage_options
+
+    settings = target_settings(config)
+    settings = getattr(settings, "inner", settings)  # rejected files parked: the table is the inner target
+    if not isinstance(settings, DeltaSettings):
+        raise TargetUnreadable(f"SINK_TARGET={config.target} is not a Delta table")
+    try:
+        table = DeltaTable(uri, storage_options=storage_options(settings) or None)
+    except TableNotFoundError:
+        return TargetRows(described=f"Delta table {uri} (not created yet: no file was merged)")
+    except (DeltaError, OSError) as exc:
+        raise TargetUnreadable(f"Delta table {uri} cannot be read: {exc}") from None
+    download_dir.mkdir(parents=True, exist_ok=True)
+    path = download_dir / "delta.parquet"
+    dataset = table.to_pyarrow_dataset()
+    with pq.ParquetWriter(path, dataset.schema) as writer:
+        for batch in dataset.to_batches(batch_size=65_536):
+            writer.write_batch(batch)
+    where = f"Delta table {uri} version {table.version()}"
+    return TargetRows(files=[TargetFile(path, where=where)], described=where)
 
 
 def _ems_rows(table: str, columns: list[str], rows: list[list], download_dir: Path, url: str) -> TargetRows:

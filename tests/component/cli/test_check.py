@@ -375,3 +375,50 @@ def _topics(bootstrap: str) -> set[str]:
     from confluent_kafka.admin import AdminClient
 
     return set(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics)
+
+
+# --- Delta -----------------------------------------------------------------------------------------
+def delta_env(bootstrap: str, topic: str, uri: str, **more: str) -> dict[str, str]:
+    return {"SINK_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "SINK_TOPICS": topic, "SINK_TARGET": "delta",
+            "SINK_DELTA_TABLE_URI": uri, "SINK_PRIMARY_KEYS": "id", **more}
+
+
+def test_a_delta_table_on_a_directory_not_created_yet_then_existing(bootstrap: str, topic: str, tmp_path: Path):
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    uri = tmp_path / "tables" / "orders"
+    code, out, _ = check_in_process(delta_env(bootstrap, topic, str(uri)))
+    assert code == 0, out
+    assert "not created yet" in line(out, f"OK Delta table {uri}")
+    write_deltalake(str(uri), pa.table({"id": ["a"], "part": ["x"]}), partition_by=["part"])
+    code, out, _ = check_in_process(delta_env(bootstrap, topic, str(uri)))
+    assert code == 0, out
+    assert "version 0, partitioned by part; created and removed a probe file" in line(out, f"OK Delta table {uri}")
+    assert sorted(p.name for p in uri.iterdir()) == ["_delta_log", "part=x"]  # the probe left nothing
+
+
+def test_a_delta_table_per_topic_and_one_under_a_file(bootstrap: str, topic: str, tmp_path: Path):
+    code, out, _ = check_in_process(delta_env(bootstrap, topic, str(tmp_path / "t" / "{topic}")))
+    assert code == 0 and line(out, f"OK Delta table {tmp_path / 't' / topic}"), out
+    (tmp_path / "a-file").write_text("x")
+    code, out, _ = check_in_process(delta_env(bootstrap, topic, str(tmp_path / "a-file" / "orders")))
+    assert code == 3
+    assert line(out, "FAIL Delta table").endswith("— fix SINK_DELTA_TABLE_URI")
+
+
+def test_a_delta_table_on_moto_s3_and_a_missing_bucket(bootstrap: str, topic: str, moto_url: str, aws_env: None):
+    s3 = boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1")
+    bucket = f"check-delta-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(Bucket=bucket)
+    s3_settings = {"SINK_S3_ENDPOINT_URL": moto_url, "SINK_S3_REGION": "us-east-1"}
+    code, out, _ = check_in_process(delta_env(bootstrap, topic, f"s3://{bucket}/lake/orders", **s3_settings))
+    assert code == 0, out
+    ok = line(out, f"OK Delta table s3://{bucket}/lake/orders")
+    assert "not created yet" in ok and f"wrote and deleted s3://{bucket}/lake/orders/_sink_check/" in ok
+    assert s3.list_objects_v2(Bucket=bucket).get("KeyCount") == 0
+    code, out, _ = check_in_process(delta_env(bootstrap, topic, f"s3://missing-{bucket}/lake/orders", **s3_settings))
+    assert code == 3, out
+    failed = line(out, f"FAIL Delta table s3://missing-{bucket}/lake/orders")
+    assert "NoSuchBucket" in failed and failed.endswith("— fix SINK_DELTA_TABLE_URI"), out
+    assert "testing-secret-key" not in out

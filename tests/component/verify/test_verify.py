@@ -1,6 +1,6 @@
 """`sink-service verify` against targets built by the real task code from a real broker's records,
 then damaged in known ways: a removed file (a lost upload), a stale row, an extra key; on dir, S3
-(moto's server) and local_ems."""
+(moto's server), local_ems and a Delta table."""
 
 from __future__ import annotations
 
@@ -78,6 +78,11 @@ class Target:
         else:
             self.s3.delete_object(Bucket=self.env["SINK_S3_BUCKET"], Key=f"p/{TOPIC}/{partition}/{name}")
 
+    def delta(self):
+        from deltalake import DeltaTable
+
+        return DeltaTable(self.env["SINK_DELTA_TABLE_URI"])
+
     def sql(self, statement: str, *parameters: object) -> None:
         with sqlite3.connect(self.ems.data_dir / "ems.sqlite") as db:
             db.execute(statement, parameters)
@@ -113,13 +118,15 @@ def build(kind: str, bootstrap: str, tmp: Path, request: pytest.FixtureRequest, 
         s3.create_bucket(Bucket=bucket)
         settings = {"SINK_TARGET": "s3", "SINK_S3_BUCKET": bucket, "SINK_S3_PREFIX": "p", "SINK_S3_ENDPOINT_URL": url,
                     "SINK_S3_REGION": "us-east-1"}
+    elif kind == "delta":
+        settings = {"SINK_TARGET": "delta", "SINK_DELTA_TABLE_URI": str(tmp / "table")}
     else:
         ems = LocalEmsServer(tmp / "ems", AUTH).start()
         request.addfinalizer(ems.stop)
         settings = {"SINK_TARGET": "ems", "SINK_EMS_ENDPOINT": ems.items_url(), "SINK_EMS_AUTHORIZATION": AUTH,
                     "SINK_EMS_TARGET_TABLE": "{topic}"}
     target = Target(kind, environment(bootstrap, group, tmp / "scratch", **settings), tmp, ems, s3)
-    wrap = (lambda inner: DropUpload(inner, 0, 20)) if drop_last and kind == "ems" else None
+    wrap = (lambda inner: DropUpload(inner, 0, 20)) if drop_last and kind in ("ems", "delta") else None
     sink(target.config, bootstrap, wrap)
     return target
 
@@ -128,7 +135,7 @@ def run_verify(target: Target, **options):
     return verify(target.config, VerifyOptions(temp_dir=target.tmp, **options))
 
 
-KINDS = ["dir", "s3", "ems"]
+KINDS = ["dir", "s3", "ems", "delta"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -147,7 +154,7 @@ def test_an_exact_target_is_equal(kind, bootstrap, topic, tmp_path, request):
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_removed_file_is_reported_as_missing_keys_with_their_offsets(kind, bootstrap, topic, tmp_path, request):
     target = build(kind, bootstrap, tmp_path, request, drop_last=True)
-    if kind != "ems":
+    if kind in ("dir", "s3"):
         target.remove(0, LAST_FILE)
     report = run_verify(target, examples=3)
     [table] = report.tables
@@ -165,6 +172,8 @@ def test_a_stale_row_is_reported(kind, bootstrap, topic, tmp_path, request):
     target = build(kind, bootstrap, tmp_path, request)
     if kind == "ems":
         target.sql(f'UPDATE "{TOPIC}" SET _offset = 5, version = 0 WHERE _key = ?', "k1-5")
+    elif kind == "delta":
+        target.delta().update(updates={"_offset": "5", "version": "0"}, predicate="_key = 'k1-5'")
     else:  # the middle file's k1-5 row replaced by the first file's (version 0, offset 5)
         middle, first = target.file(1, MIDDLE_FILE), target.file(1, f"{0:020d}-{9:020d}.parquet")
         keep = middle.filter(pc.not_equal(middle["_key"], "k1-5"))
@@ -183,6 +192,13 @@ def test_an_extra_key_is_reported(kind, bootstrap, topic, tmp_path, request):
     target = build(kind, bootstrap, tmp_path, request)
     if kind == "ems":
         target.sql(f'INSERT INTO "{TOPIC}" (_key, _offset, id, version) VALUES (?, ?, ?, ?)', "ghost", 3, "ghost", 0)
+    elif kind == "delta":
+        from deltalake import write_deltalake
+
+        rows = target.delta().to_pyarrow_table()
+        row = rows.filter(pc.equal(rows["_key"], "k0-1"))
+        write_deltalake(target.env["SINK_DELTA_TABLE_URI"],
+                        row.set_column(row.schema.get_field_index("_key"), "_key", pa.array(["ghost"])), mode="append")
     else:
         first = target.file(0, f"{0:020d}-{9:020d}.parquet").slice(0, 1)
         ghost = first.set_column(first.schema.get_field_index("_key"), "_key", pa.array(["ghost"]))

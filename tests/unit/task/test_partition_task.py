@@ -12,11 +12,11 @@ import pytest
 
 from sink_service.config.upload_targets import build_target
 from sink_service.decode import RAW_SCHEMA, DecodeSpec
-from sink_service.decode.column_types import decode_schema, encode_schema
 from sink_service.kafka_source.planner_hints import PlannerHints
 from sink_service.task import parquet_files
 from sink_service.task.partition_task import ERROR_PROCESSING, ERROR_READ, TaskSpec, process_range
 from sink_service.task.ranges import Range
+from uploader.column_types import decode_schema, encode_schema
 from uploader.directory import DirectorySettings
 from uploader.retry import RetryPolicy
 

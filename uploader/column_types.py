@@ -1,5 +1,8 @@
 """The widening lattice: the one type that holds every value a field has arrived with.
 
+It is the contract of the files' column types: the decoder types every file by it, and a target
+that keeps a typed table (Delta) widens the table by the same rules, so it lives here, below both.
+
 JSON does not type its fields, so one field can arrive as a number in one record and as a string
 in the next. Rows are never split by type or dropped for it; the field's type is instead widened
 to the least type that holds both values exactly (`join`), and values are converted to it

@@ -7,7 +7,7 @@ import decimal
 import pyarrow as pa
 import pytest
 
-from sink_service.decode.column_types import conform, convert, join, join_schemas, unify, without_empty_structs
+from uploader.column_types import conform, convert, join, join_schemas, unify, without_empty_structs
 
 INT, F, S, B, D = pa.int64(), pa.float64(), pa.string(), pa.bool_(), pa.decimal128(38, 0)
 
