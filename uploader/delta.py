@@ -189,9 +189,12 @@ class DeltaTarget:
             else:
                 write_deltalake(table, rows, mode="append", schema_mode="merge", commit_properties=commit)
                 counts = {"num_target_rows_inserted": rows.num_rows}
-            # This commit's own version (no retries: read version + 1); None when delta-rs made no commit
-            # (a merge that changes no row commits nothing, not even its application transaction).
-            committed = table.version() if table.version() > read_version else None
+            if table.version() == read_version:
+                # A merge that changes no row (every row older than the table's) commits nothing, not even
+                # its application transaction: the range is recorded by a commit of its own without rows,
+                # so the table's progress never lags what it has taken in and a replay is skipped.
+                write_deltalake(table, rows.slice(0, 0), mode="append", schema_mode="merge", commit_properties=commit)
+            committed = table.version()  # no retries: read version + 1
             table.update_incremental()
         except UploadError:
             self._forget(uri)

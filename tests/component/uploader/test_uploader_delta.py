@@ -181,6 +181,22 @@ def test_an_older_file_applied_late_moves_no_key_back(place, parquet):
     assert place.rows() == {1: row(1, 50), 2: row(2, 60, "NEWER"), 9: row(9, 6, "OTHER")}
 
 
+def test_a_file_that_changes_no_row_still_records_its_range_and_a_replay_is_skipped(place, parquet):
+    target = place.target()
+    upload(target, parquet, [row(1, 50, "NEW"), row(2, 51, "NEW")], partition=0)
+    older = [row(1, 5, "OLD"), row(2, 6, "OLD")]  # partition 1: every row older than the table's
+    first = upload(target, parquet, older, partition=1)
+    # delta-rs commits nothing for a merge that changes no row, not even its application transaction:
+    # the range is recorded by a commit without rows.
+    assert place.table().transaction_version("kafka-parquet-sink/g1/orders/1") == 7
+    assert first.details["committed_version"] == place.table().version()
+    replay = upload(place.target(), parquet, older, partition=1)
+    assert replay.details["skipped"]
+    assert place.rows() == {1: row(1, 50), 2: row(2, 51)}
+    assert place.applications() == Counter({span(older, 1).file_name(): 1,
+                                            span([row(1, 50), row(2, 51)]).file_name(): 1})
+
+
 def test_hard_deletes_remove_the_row_and_an_older_delete_does_not(place, parquet):
     target = place.target(hard_deletes=True)
     upload(target, parquet, [row(1, 0), row(2, 1), row(3, 2)])
