@@ -32,6 +32,8 @@ TP = tuple[str, int]
 _TP = ("topic", "partition")
 
 
+MAINTENANCE_STEPS = ("compact", "cleanup_metadata", "vacuum")  # uploader/delta_maintenance.py's report keys
+
 class ProcessTreeCollector(Collector):
     """Resident memory of this process and every process it started (the JVM, Spark's Python workers).
 
@@ -116,6 +118,10 @@ class SinkMetrics:
         self.parked_files = Counter(
             "sink_parked_files_total", "Files the endpoint rejected as bad content, parked under "
             "SINK_PARKED_PATH, by reason (http_400, http_413).", ("topic", "reason"), registry=r)
+        self.delta_maintenance = Counter(
+            "sink_delta_maintenance_total", "Delta table maintenance steps run after a merge (compact, "
+            "cleanup_metadata, vacuum), by result (ok, failed: retried at the next due version).",
+            ("step", "result"), registry=r)
         self.bad_records = Counter(
             "sink_bad_records_total", "Records that could not become rows, by reason.", ("topic", "reason"),
             registry=r)
@@ -168,6 +174,10 @@ class SinkMetrics:
             self.files_uploaded.labels(*labels).inc()
             self.bytes_uploaded.labels(*labels).inc(upload["bytes"])
             self.upload_duration.labels(target).observe(upload["duration_s"])
+            for step, result in (upload.get("maintenance") or {}).items():
+                if step in MAINTENANCE_STEPS:
+                    failed = isinstance(result, str) and result.startswith("failed")
+                    self.delta_maintenance.labels(step, "failed" if failed else "ok").inc()
         for reason, count in json.loads(row.retries).items():
             # Retries the live signals already counted while the task ran are not counted twice.
             self.upload_retries.labels(reason).inc(max(0, count - counted_live.get(reason, 0)))

@@ -227,6 +227,7 @@ class _RangeProcessor:
             "duration_s": round(receipt.duration_s, 3),
             "response_id": receipt.response_id,
             "location": receipt.location,
+            "maintenance": receipt.details.get("maintenance"),  # Delta: the table maintenance this upload ran
         })
 
     def _count_retry(self, error: RetryableUploadError, _attempt: int, _wait_s: float) -> None:
