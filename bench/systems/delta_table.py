@@ -11,11 +11,13 @@ that applied its partition's offset range.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import requests
 
 from bench.systems import Output, RunContext, SinkService
 
@@ -36,6 +38,12 @@ class SinkServiceDelta(SinkService):
 
     def before_stop(self) -> dict:
         found = super().before_stop()
+        try:  # conflicts between the tasks' commits are retried as `delta_conflict`: count them
+            text = requests.get(f"http://127.0.0.1:{self.http_port}/metrics", timeout=5).text
+            for match in re.finditer(r'^sink_upload_retries_total\{reason="([^"]+)"\}\s+([0-9.eE+-]+)$', text, re.M):
+                found[f"retries_{match.group(1)}"] = float(match.group(2))
+        except requests.RequestException:
+            pass
         try:
             found.update(delta_summary(self.table_dir))
         except Exception as exc:  # the numbers of the run must survive a table that cannot be read
