@@ -54,6 +54,7 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, SchemaMismatchError, TableNotFoundError
 
+from uploader.classify import certificate_error
 from uploader.column_types import convert, join
 from uploader.delta_maintenance import maintain
 from uploader.delta_settings import (
@@ -63,7 +64,7 @@ from uploader.delta_settings import (
     WIDEN_TO_STRING_SETTING,
     DeltaSettings,
 )
-from uploader.delta_storage import storage_options
+from uploader.delta_storage import certificate_failure, storage_options
 from uploader.errors import FatalUploadError, RetryableUploadError, UploadError
 from uploader.retry import OnRetry, call_with_retries
 from uploader.s3_settings import CREDENTIALS_SETTING, ENDPOINT_URL_SETTING
@@ -445,6 +446,8 @@ def classify_error(exc: BaseException, *, what: str, metadata: FileMetadata) -> 
     if isinstance(exc, CommitFailedError):
         return RetryableUploadError(f"{what}: another writer committed first; re-checking and retrying ({detail})",
                                     reason=CONFLICT)
+    if certificate_failure(exc):  # an OSError from delta-rs, which is otherwise retried as I/O trouble
+        return certificate_error(what, detail, ENDPOINT_URL_SETTING)
     if isinstance(exc, SchemaMismatchError) or "Cast error" in text or "Schema error" in text:
         return _refusal(metadata, what.rsplit(" into ", 1)[-1], detail)
     if any(word in text for word in _FATAL_STORE_WORDS):

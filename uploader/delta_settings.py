@@ -36,6 +36,9 @@ class DeltaSettings:
     hard_deletes: bool = False  # rows with `_deleted = true` delete the key's row instead of being stored
     endpoint_url: str | None = None  # SINK_S3_ENDPOINT_URL, for s3:// tables on an S3-compatible store
     region: str | None = None  # SINK_S3_REGION; None: boto3's default
+    # SINK_TLS_CA_BUNDLE: PEM file the s3:// endpoint's certificate is verified against (delta-rs's
+    # `certificate_path`, see delta_storage); None: the default roots. Unused for a directory table.
+    ca_bundle: str | None = None
     request_timeout_s: float = 60.0
     # Maintenance, run by the writer whose merge commit lands on a multiple (0 disables; see delta_maintenance).
     compact_every_commits: int = 100

@@ -3,6 +3,16 @@
 delta-rs does not read boto3's credential chain, so the credentials are resolved with boto3 (keys,
 profile, role, web identity) and passed explicitly. The target that merges files and `sink-service
 verify` that reads the table back open it the same way.
+
+TLS. delta-rs (object_store over reqwest and rustls) reads none of boto3's or requests' CA settings.
+SINK_TLS_CA_BUNDLE reaches it as the storage option `certificate_path` (delta-rs >= 1.5.1; measured with
+1.6.6 in tests/component/uploader/test_delta_tls.py): every certificate in the PEM file is trusted, in
+addition to the default roots (the system's, or SSL_CERT_FILE/SSL_CERT_DIR when set) - delta-rs offers no
+way to drop those, so unlike the other clients the bundle does not replace them here. An explicit
+`certificate_path` also wins over delta-rs's own fallback to SSL_CERT_FILE for that option. No
+environment variable is set: SSL_CERT_FILE would reach every TLS client of the process (librdkafka's
+default CA store in the executor when SINK_KAFKA_SSL_CA_LOCATION is empty, Python's ssl defaults).
+`aws_ca_bundle`, `ca_bundle` and AWS_CA_BUNDLE are ignored by delta-rs (measured).
 """
 
 from __future__ import annotations
@@ -10,6 +20,13 @@ from __future__ import annotations
 from uploader.delta_settings import DeltaSettings
 from uploader.errors import FatalUploadError
 from uploader.s3_settings import CREDENTIALS_SETTING
+
+CERTIFICATE_PATH_OPTION = "certificate_path"
+# How delta-rs words a certificate that does not verify (rustls: UnknownIssuer, NotValidForName, expired,
+# ...), and a bundle it cannot load; object_store has retried the request by then (10 times, seconds).
+_CERTIFICATE_FAILURE_WORDS = ("invalid peer certificate", "CERTIFICATE_VERIFY_FAILED")
+_BUNDLE_FAILURE_WORDS = ("Failed to open certificate file", "Failed to read certificate file",
+                         "Failed to parse PEM certificate")
 
 
 def storage_options(settings: DeltaSettings) -> dict[str, str]:
@@ -39,4 +56,13 @@ def storage_options(settings: DeltaSettings) -> dict[str, str]:
         options["AWS_ENDPOINT_URL"] = settings.endpoint_url
         if settings.endpoint_url.startswith("http://"):
             options["AWS_ALLOW_HTTP"] = "true"
+    if settings.ca_bundle:
+        options[CERTIFICATE_PATH_OPTION] = settings.ca_bundle
     return options
+
+
+def certificate_failure(exc: BaseException) -> bool:
+    """The endpoint's certificate did not verify, or the CA bundle could not be loaded: retrying cannot
+    help, a CA (SINK_TLS_CA_BUNDLE) or the endpoint URL must change."""
+    text = str(exc)
+    return any(word in text for word in (*_CERTIFICATE_FAILURE_WORDS, *_BUNDLE_FAILURE_WORDS))

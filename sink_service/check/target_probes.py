@@ -170,7 +170,7 @@ def delta_probe(settings: DeltaSettings, uri: str, timeout_s: float) -> Probe:
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
-    from uploader.delta_storage import storage_options
+    from uploader.delta_storage import certificate_failure, storage_options
     from uploader.directory import DirectorySettings
     from uploader.s3_settings import S3Settings
 
@@ -178,7 +178,8 @@ def delta_probe(settings: DeltaSettings, uri: str, timeout_s: float) -> Probe:
     if settings.on_s3():
         bucket, _, prefix = uri[len("s3://"):].partition("/")
         written = s3_probe(S3Settings(bucket=bucket, prefix=prefix, endpoint_url=settings.endpoint_url,
-                                      region=settings.region), timeout_s, what, DELTA_SETTING)
+                                      region=settings.region, ca_bundle=settings.ca_bundle),
+                           timeout_s, what, DELTA_SETTING)
     else:
         written = dir_probe(DirectorySettings(path=uri), what, DELTA_SETTING)
     if written.failed:
@@ -197,6 +198,9 @@ def delta_probe(settings: DeltaSettings, uri: str, timeout_s: float) -> Probe:
         found = "not created yet: the first merge creates it from the first file's schema"
     except Exception as exc:  # delta-rs reports store errors as its own exception types, or OSError
         plain = " ".join(_ANSI.sub("", str(exc)).split())
+        if certificate_failure(exc):  # delta-rs's own HTTP client: SINK_TLS_CA_BUNDLE is its certificate_path
+            return Probe(FAIL, what, f"the endpoint's TLS certificate could not be verified: {plain[:400]}",
+                         "SINK_TLS_CA_BUNDLE")
         return Probe(FAIL, what, f"cannot be read: {plain[:400]}", DELTA_SETTING)
     return Probe(written.status, what, f"{found}; {written.reason}", written.fix)
 

@@ -128,10 +128,11 @@ class TargetSettings:
         "On a cluster every executor must see the same directory.", group="Target")
     tls_ca_bundle: str | None = setting(
         "SINK_TLS_CA_BUNDLE", "PEM file of the CA certificates that HTTPS connections (EMS, its "
-        "proxy, S3, the schema registry) are verified against, for endpoints with a private or self-signed CA. "
-        "A certificate that does not verify is fatal (exit 3), never retried. It replaces "
-        "the default CA store, so include every CA needed. Checked at startup; on a cluster every "
-        "executor must see the same file. When set, it wins over `REQUESTS_CA_BUNDLE`, `CURL_CA_BUNDLE` "
+        "proxy, S3, Delta tables on S3, the schema registry) are verified against, for endpoints with a private "
+        "or self-signed CA. A certificate that does not verify is fatal (exit 3), never retried. It replaces "
+        "the default CA store, so include every CA needed; only for Delta tables on S3 is it added to the "
+        "default CAs instead (delta-rs's `certificate_path`, which cannot drop them). Checked at startup; on a "
+        "cluster every executor must see the same file. When set, it wins over `REQUESTS_CA_BUNDLE`, `CURL_CA_BUNDLE` "
         "and `AWS_CA_BUNDLE` for every client. Empty: the system's CAs (and those variables). Kafka has "
         "its own: `SINK_KAFKA_SSL_CA_LOCATION`.", group="Target")
     upload_timeout_ms: int = setting(

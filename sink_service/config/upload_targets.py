@@ -62,7 +62,8 @@ def _plain_settings(config: SinkConfig) -> EmsSettings | S3Settings | DirectoryS
         return DeltaSettings(
             table_uri=config.delta_table_uri or "", group_id=config.group_id,
             partition_by=tuple(config.delta_partition_by), hard_deletes=config.delta_hard_deletes,
-            endpoint_url=config.s3_endpoint_url, region=config.s3_region, request_timeout_s=timeout_s,
+            endpoint_url=config.s3_endpoint_url, region=config.s3_region, ca_bundle=config.tls_ca_bundle,
+            request_timeout_s=timeout_s,
             compact_every_commits=config.delta_compact_every_commits,
             vacuum_every_commits=config.delta_vacuum_every_commits,
             vacuum_retention_hours=config.delta_vacuum_retention_hours,
