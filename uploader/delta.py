@@ -64,7 +64,7 @@ from uploader.delta_settings import (
     WIDEN_TO_STRING_SETTING,
     DeltaSettings,
 )
-from uploader.delta_storage import certificate_failure, storage_options
+from uploader.delta_storage import certificate_failure, error_text, storage_options
 from uploader.errors import FatalUploadError, RetryableUploadError, UploadError
 from uploader.retry import OnRetry, call_with_retries
 from uploader.s3_settings import CREDENTIALS_SETTING, ENDPOINT_URL_SETTING
@@ -441,7 +441,7 @@ def _refusal(metadata: FileMetadata, uri: str, problem: str) -> FatalUploadError
 
 def classify_error(exc: BaseException, *, what: str, metadata: FileMetadata) -> UploadError:
     """Conflicts and store trouble retry; a schema the table cannot take and bad credentials need a person."""
-    detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+    detail = f"{type(exc).__name__}: {error_text(exc)}"[:500]
     text = str(exc)
     if isinstance(exc, CommitFailedError):
         return RetryableUploadError(f"{what}: another writer committed first; re-checking and retrying ({detail})",

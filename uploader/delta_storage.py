@@ -17,6 +17,8 @@ default CA store in the executor when SINK_KAFKA_SSL_CA_LOCATION is empty, Pytho
 
 from __future__ import annotations
 
+import re
+
 from uploader.delta_settings import DeltaSettings
 from uploader.errors import FatalUploadError
 from uploader.s3_settings import CREDENTIALS_SETTING
@@ -66,3 +68,11 @@ def certificate_failure(exc: BaseException) -> bool:
     help, a CA (SINK_TLS_CA_BUNDLE) or the endpoint URL must change."""
     text = str(exc)
     return any(word in text for word in (*_CERTIFICATE_FAILURE_WORDS, *_BUNDLE_FAILURE_WORDS))
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # delta-rs colours the arrows of its error chains
+
+
+def error_text(exc: BaseException) -> str:
+    """A delta-rs error as one plain line: without terminal colour codes, whitespace collapsed."""
+    return " ".join(_ANSI.sub("", str(exc)).split())

@@ -170,7 +170,7 @@ def delta_probe(settings: DeltaSettings, uri: str, timeout_s: float) -> Probe:
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
-    from uploader.delta_storage import certificate_failure, storage_options
+    from uploader.delta_storage import certificate_failure, error_text, storage_options
     from uploader.directory import DirectorySettings
     from uploader.s3_settings import S3Settings
 
@@ -197,15 +197,12 @@ def delta_probe(settings: DeltaSettings, uri: str, timeout_s: float) -> Probe:
     except TableNotFoundError:
         found = "not created yet: the first merge creates it from the first file's schema"
     except Exception as exc:  # delta-rs reports store errors as its own exception types, or OSError
-        plain = " ".join(_ANSI.sub("", str(exc)).split())
+        plain = error_text(exc)
         if certificate_failure(exc):  # delta-rs's own HTTP client: SINK_TLS_CA_BUNDLE is its certificate_path
             return Probe(FAIL, what, f"the endpoint's TLS certificate could not be verified: {plain[:400]}",
                          "SINK_TLS_CA_BUNDLE")
         return Probe(FAIL, what, f"cannot be read: {plain[:400]}", DELTA_SETTING)
     return Probe(written.status, what, f"{found}; {written.reason}", written.fix)
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # delta-rs colours the arrows of its error chains
 
 
 def _free(path: Path) -> str:

@@ -134,6 +134,7 @@ def assert_fatal_naming_the_ca_setting(upload) -> None:
     assert caught.value.setting == CA_BUNDLE_SETTING == "SINK_TLS_CA_BUNDLE"
     assert caught.value.reason == "tls_verify"
     assert "SINK_TLS_CA_BUNDLE" in str(caught.value) and "certificate" in str(caught.value)
+    assert "\x1b" not in str(caught.value)  # delta-rs colours its error chains; a log line must not carry that
     assert time.monotonic() - started < BUDGET.max_elapsed_s / 2  # one attempt of ours, not the budget
 
 
