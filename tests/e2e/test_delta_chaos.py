@@ -51,6 +51,25 @@ MOTO_PAUSE_S = 5
 _DURATION = re.compile(r"uploaded topic=.* duration=([\d.]+)s")
 
 
+# moto's server, with its writes made one at a time. moto checks `If-None-Match: *` and then writes, with no
+# lock between (moto 5.2.5, s3/responses.py): two commits of one Delta version that reach it together (held
+# back by a SIGSTOP, then released at once) both got 200, and the second overwrote the first commit in the
+# log (seen: 00000000000000000008.json PUT twice with 200, 78 keys lost). S3 itself makes that put atomic.
+_MOTO_MAIN = """
+import sys, threading
+from werkzeug.serving import run_simple
+from moto.moto_server.threaded_moto_server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+app = DomainDispatcherApplication(create_backend_app)
+writes = threading.Lock()
+def serialized(environ, start_response):
+    if environ["REQUEST_METHOD"] in ("GET", "HEAD"):
+        return app(environ, start_response)
+    with writes:
+        return list(app(environ, start_response))
+run_simple("127.0.0.1", int(sys.argv[1]), serialized, threaded=True, request_handler=MotoRequestHandler)
+"""
+
+
 class MotoProcess:
     """moto's S3 server as a child process, so it can be stopped (SIGSTOP) and resumed with its state."""
 
@@ -59,7 +78,7 @@ class MotoProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
-            [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-c", _MOTO_MAIN, str(self.port)],
             stdout=self._log, stderr=subprocess.STDOUT)
         self.pauses = 0
         wait_until(self._up, 30, "moto's S3 server")
