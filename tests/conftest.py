@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from moto.server import ThreadedMotoServer
 
 from devkit.brokers import OwnBroker, free_port, running_broker
+from devkit.moto_s3 import SerializedMotoServer
 
 
 @pytest.fixture(scope="session")
@@ -34,8 +34,8 @@ def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
 
 @pytest.fixture(scope="module")
 def moto_url() -> Iterator[str]:
-    """moto's real S3 server on loopback, one per test module."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    """moto's real S3 server on loopback, one per test module, its writes one at a time (devkit.moto_s3)."""
+    server = SerializedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     yield f"http://{host}:{port}"
@@ -56,6 +56,7 @@ def aws_env(monkeypatch, tmp_path) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the group into the node id
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`scripts/test.sh`: two workers, `--dist loadgroup`) the end-to-end tests run
     one at a time on one worker while the other takes the unit and component tests: two services with

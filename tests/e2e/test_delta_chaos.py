@@ -51,22 +51,13 @@ MOTO_PAUSE_S = 5
 _DURATION = re.compile(r"uploaded topic=.* duration=([\d.]+)s")
 
 
-# moto's server, with its writes made one at a time. moto checks `If-None-Match: *` and then writes, with no
-# lock between (moto 5.2.5, s3/responses.py): two commits of one Delta version that reach it together (held
-# back by a SIGSTOP, then released at once) both got 200, and the second overwrote the first commit in the
-# log (seen: 00000000000000000008.json PUT twice with 200, 78 keys lost). S3 itself makes that put atomic.
+# moto's server in its own process (the test stops it with SIGSTOP), its writes one at a time (devkit.moto_s3).
 _MOTO_MAIN = """
-import sys, threading
+import sys
 from werkzeug.serving import run_simple
-from moto.moto_server.threaded_moto_server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
-app = DomainDispatcherApplication(create_backend_app)
-writes = threading.Lock()
-def serialized(environ, start_response):
-    if environ["REQUEST_METHOD"] in ("GET", "HEAD"):
-        return app(environ, start_response)
-    with writes:
-        return list(app(environ, start_response))
-run_simple("127.0.0.1", int(sys.argv[1]), serialized, threaded=True, request_handler=MotoRequestHandler)
+from moto.moto_server.threaded_moto_server import MotoRequestHandler
+from devkit.moto_s3 import serialized_app
+run_simple("127.0.0.1", int(sys.argv[1]), serialized_app(), threaded=True, request_handler=MotoRequestHandler)
 """
 
 
@@ -79,7 +70,7 @@ class MotoProcess:
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [sys.executable, "-c", _MOTO_MAIN, str(self.port)],
-            stdout=self._log, stderr=subprocess.STDOUT)
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])  # imports devkit
         self.pauses = 0
         wait_until(self._up, 30, "moto's S3 server")
 
