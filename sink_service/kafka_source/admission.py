@@ -95,8 +95,12 @@ class Admission:
 
         self.last_plan_at = now
         timed_batch = any(now - since >= limits.interval_s for since, *_ in candidates)
+        # Oldest first; at equal age (everything pending at a start is dated by its first look) the
+        # largest backlog first, so a service that crashes after each first batch still serves every
+        # partition in turn rather than the lowest-numbered ones forever.
+        ranked = sorted(candidates, key=lambda c: (c[0], -c[3], c[1]))
         due = [(since, tp, pending if timed_batch and now - since >= rider_age else admit)
-               for since, tp, admit, pending in sorted(candidates)]
+               for since, tp, admit, pending in ranked]
         due = [entry for entry in due if entry[2] > 0]
         end = dict(start)
         # Oldest pending data first; every due partition gets one file's worth before any gets two.

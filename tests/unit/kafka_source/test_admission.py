@@ -263,3 +263,21 @@ def test_timed_batches_come_at_least_half_an_interval_apart_however_many_partiti
     assert batches and min(gaps) >= 2.5, gaps
     # Still nobody waits longer than the interval (plus the 0.5 s between looks).
     assert sum(len(admitted) for _, admitted in batches) >= 50 * 2
+
+
+def test_at_equal_age_the_largest_backlog_goes_first_so_a_crash_loop_starves_no_partition():
+    """After a start every pending record is dated by the same first look. Ties went to the lowest
+    partition, so a service that crashed after each first batch (two ranges on two cores) read only
+    partitions 0 and 1, restart after restart (seen in the Delta chaos run). The larger backlog first
+    serves the others as the served partitions shrink."""
+    available = {A: 300, B: 300, C: 500, D: 400}
+    position = dict.fromkeys(available, 0)
+    served: list[set] = []
+    for _life in range(3):  # each life: a new process, its first batch, then a crash
+        end = admission(records=100, max_ranges=8, first_ranges=2).plan(position, available, now=0.0)
+        served.append({tp for tp in end if end[tp] > position[tp]})
+        position = end
+    assert served[0] == {C, D}  # the largest backlogs
+    assert set().union(*served) == {A, B, C, D}  # within three lives every partition moved
+
+
