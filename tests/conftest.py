@@ -54,15 +54,3 @@ def aws_env(monkeypatch, tmp_path) -> None:
                  "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
                  "AWS_CONTAINER_CREDENTIALS_FULL_URI", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
         monkeypatch.delenv(name, raising=False)
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the group into the node id
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`scripts/test.sh`: two workers, `--dist loadgroup`) the end-to-end tests run
-    one at a time on one worker while the other takes the unit and component tests: two services with
-    their Spark JVMs at once on this 2-core machine broke timing bounds (readiness within 15 s of an
-    outage's end, delivery within 120 s of a broker restart). pytest 9.2 ignores the group (pyproject.toml
-    says why), so the test extra keeps pytest below it."""
-    for item in items:
-        if item.get_closest_marker("e2e"):
-            item.add_marker(pytest.mark.xdist_group("e2e"))

@@ -112,6 +112,7 @@ class Pipeline:
             raise KafkaException(f"consumer group {c.group_id} assigned no partitions within {ASSIGNMENT_WAIT_S:.0f}s")
         assigned, self._epoch = settled
         tps = sorted(assigned)
+        self._commits = None  # the old assignment's positions: no longer reported (refresh_offset_metrics)
         self.metrics.keep_partitions(assigned)  # partitions now owned elsewhere report there
         (self.state_dir / PENDING_STATE_FILE).unlink(missing_ok=True)
         try:
@@ -257,7 +258,8 @@ class Pipeline:
 
     def refresh_offset_metrics(self) -> None:
         """Lag and pending records, also while no batch runs; doubles as the broker check."""
-        tps = list(self._commits.positions) if self._commits else []
+        commits = self._commits
+        tps = list(commits.positions) if commits else []
         # A paused or black-holed broker does not refuse, it never answers: the client waits out
         # its 30 s timeout. Readiness must show that within BROKER_ANSWER_S, not when it ends.
         silent = threading.Timer(BROKER_ANSWER_S, self.health.update, kwargs={
@@ -274,9 +276,13 @@ class Pipeline:
             silent.cancel()
             silent.join()  # it either never ran or is done: the answer below has the last word
         self.health.update(broker_ok=True)
+        if self._commits is not commits:
+            # The query restarted on another assignment while we asked: these are partitions this
+            # instance may no longer own, and their gauges were just dropped (a standby showed lag).
+            return
         # Where nothing is committed yet, lag counts from the resolved start position: a fresh
         # deployment facing a backlog, or an endpoint down from the start, must show lag at once.
-        positions = {**self._commits.positions, **committed} if self._commits else committed
+        positions = {**commits.positions, **committed} if commits else committed
         self.metrics.record_lag(positions, latest)
         self._backlog.report(time.monotonic(), positions, latest)
         self.metrics.record_admission(self.state_dir / PENDING_STATE_FILE)

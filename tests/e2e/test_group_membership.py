@@ -211,6 +211,9 @@ def test_a_lost_assignment_stops_the_uploads_of_the_batch_in_flight(bootstrap, e
     ems.inject_fault(delay_ms=LOST_UPLOAD_DELAY_MS)
     try:
         service = services(env)
+        # The first batch after a start holds one file per core (two here) and may be seen with both
+        # uploaded a moment before its commit; the batch to lose is the next one, of LOST_FILES files.
+        wait_until(lambda: committed() > 0, 180, "the first batch's commit", process=service)
         # Two files of a batch not committed yet: the batch in flight is uploading.
         wait_until(lambda: len([f for f, _at in uploads() if f >= committed()]) >= 2, 180,
                    "a batch uploading", process=service)
