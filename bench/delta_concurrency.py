@@ -67,9 +67,9 @@ def child_prepare(spec: dict) -> dict:
     from deltalake import write_deltalake
 
     from bench.delta_common import schema, table_batches
-    from uploader.delta import DeltaTarget
+    from uploader.delta_storage import storage_options
 
-    options = DeltaTarget(_settings(spec))._storage_options()
+    options = storage_options(_settings(spec))
     started = time.monotonic()
     reader = pa.RecordBatchReader.from_batches(schema(), table_batches(spec["keys"], PARTITIONS))
     write_deltalake(spec["uri"], reader, partition_by=spec["partition_by"] or None, storage_options=options or None)
@@ -108,10 +108,10 @@ def child_writer(spec: dict) -> dict:
 def child_batch(spec: dict) -> dict:
     """The driver's alternative: each micro-batch's files in one commit; conflicts cannot happen with one writer."""
     from bench.delta_common import merge_batch
-    from uploader.delta import DeltaTarget
+    from uploader.delta_storage import storage_options
 
     settings = _settings(spec)
-    options = DeltaTarget(settings)._storage_options()
+    options = storage_options(settings)
     batches = _files(spec)
     time.sleep(max(0.0, spec["start_at"] - time.time()))
     uploads = []
@@ -126,9 +126,9 @@ def child_check(spec: dict) -> dict:
     """Rows in the table, and how many commits applied each file (from the history's commit info)."""
     from deltalake import DeltaTable
 
-    from uploader.delta import DeltaTarget
+    from uploader.delta_storage import storage_options
 
-    options = DeltaTarget(_settings(spec))._storage_options()
+    options = storage_options(_settings(spec))
     table = DeltaTable(spec["uri"], storage_options=options or None)
     applied = Counter(h.get("kafka_parquet_sink.file") for h in table.history()
                       if h.get("kafka_parquet_sink.file"))
