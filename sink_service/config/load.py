@@ -14,9 +14,10 @@ from sink_service.config.declare import MASK, ConfigError
 from sink_service.config.kafka import KAFKA_PASSTHROUGH_PREFIX
 from sink_service.config.settings import SinkConfig, _declared_envs, declared_fields, kafka_passthrough
 
-# SINK_* names that are not settings: the test harness's broker choice (devkit/brokers.py). A
-# developer's shell may export them while it also runs the service or `python -m uploader`.
-NON_SETTING_NAMES = frozenset({"SINK_TEST_BROKER", "SINK_TEST_BOOTSTRAP"})
+# SINK_* names that are not settings: the test harness's broker choice (devkit/brokers.py) and worker
+# count (scripts/test.sh). A developer's shell may export them while it also runs the service or
+# `python -m uploader` (the tests do: SINK_TEST_WORKERS=4 once made a parked-file test's re-push fail).
+NON_SETTING_NAMES = frozenset({"SINK_TEST_BROKER", "SINK_TEST_BOOTSTRAP", "SINK_TEST_WORKERS"})
 
 
 def _base_type(name: str) -> Any:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from confluent_kafka import (
+    Consumer,
     ConsumerGroupState,
     ConsumerGroupTopicPartitions,
     IsolationLevel,
@@ -31,9 +32,9 @@ from sink_service.shared.kafka_access import AccessWatch, new_client
 log = logging.getLogger(__name__)
 
 _TIMEOUT_S = 30.0  # the whole budget of one question to the brokers
-# One client's share of it. After a broker restart, a client can wait out its whole request timeout for
-# an answer (list_consumer_group_offsets on the group coordinator, seen with noida-db) that a new client
-# gets at once: asked with one 30 s timeout, a restart held the query's restart for 30-100 s.
+# One attempt's share of it. After a broker restart, a client can wait out its whole request timeout for
+# an answer (the group coordinator's, seen with noida-db) that a new client gets at once: asked with one
+# 30 s timeout, a restart held the query's restart for 30-100 s.
 _ATTEMPT_S = 8.0
 K = TypeVar("K")
 T = TypeVar("T")
@@ -48,13 +49,22 @@ class TimedPosition:
 
 
 class KafkaOffsets:
-    """Thin, explicit wrapper over the admin API; every call is a round trip to the brokers."""
+    """Thin, explicit wrapper over the admin API; every call is a round trip to the brokers.
+
+    Committed offsets are read by a consumer of the group that never subscribes (so never joins it),
+    not by the admin API: librdkafka 2.16's admin client aborts the whole process
+    (`rd_kafka_enq_once_del_source_return: Assertion eonce->refcnt > 0`) when a request to the group
+    coordinator fails to be sent, which a broker outage makes likely (librdkafka #4605; reproduced
+    here in seconds, and once as a service exiting with SIGABRT during a broker restart). The
+    consumer's own offset fetch goes another way and survived every reproduction.
+    """
 
     def __init__(self, client_config: Mapping[str, str], group_id: str):
         self._access = AccessWatch()
         self._config = {**client_config, "error_cb": self._access}
         self._admin = new_client(AdminClient, self._config)
         self._group_id = group_id
+        self._reader: Consumer | None = None  # made on first use: most callers never read commits
 
     def _ask(self, request: Callable[[AdminClient, float], Mapping[K, Future[T]]]) -> dict[K, T]:
         """`request(client, timeout_s)`'s answers; a client that timed out is replaced and asked again.
@@ -180,14 +190,45 @@ class KafkaOffsets:
             raise KafkaException(f"the broker refused the offsets of {', '.join(refused)}")
 
     def committed(self, tps: Iterable[TP] | None) -> dict[TP, int]:
-        """Committed offsets of the group (of every partition it committed, for None); others absent."""
-        request = None if tps is None else [TopicPartition(t, p) for t, p in tps]
-        if request == []:
+        """Committed offsets of the group (of every partition it committed, for None); others absent.
+
+        A partition named in `tps` whose commit cannot be read (not authorised, say) raises rather
+        than reading as "never committed", which would start it from SINK_STARTING_OFFSETS.
+        """
+        explicit = tps is not None
+        request = [TopicPartition(t, p) for t, p in (tps if explicit else self._every_partition())]
+        if not request:
             return {}
-        answers = self._ask(lambda admin, timeout_s: admin.list_consumer_group_offsets(
-            [ConsumerGroupTopicPartitions(self._group_id, request)], request_timeout=timeout_s))
-        result = next(iter(answers.values()))
-        return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions or () if tp.offset >= 0}
+        deadline = time.monotonic() + _TIMEOUT_S
+        while True:
+            reader = self._committed_reader()
+            try:
+                answers = reader.committed(request, timeout=min(_ATTEMPT_S, max(1.0, deadline - time.monotonic())))
+                break
+            except KafkaException as exc:
+                reader.poll(0)  # serves the error callback: a refused login is reported as such
+                self._access.check()
+                if not _timed_out(exc) or time.monotonic() >= deadline:
+                    raise
+                log.info("Kafka did not answer within %.0fs (%s); asking again", _ATTEMPT_S, exc)
+        refused = [f"{tp.topic}:{tp.partition} ({tp.error})" for tp in answers if tp.error is not None]
+        if refused and explicit:
+            raise KafkaException(f"the committed offsets of group {self._group_id} could not be read for "
+                                 f"{', '.join(refused)}")
+        return {(tp.topic, tp.partition): tp.offset for tp in answers if tp.error is None and tp.offset >= 0}
+
+    def _committed_reader(self) -> Consumer:
+        if self._reader is None:
+            self._reader = new_client(Consumer, {**self._config, "group.id": self._group_id,
+                                                 "enable.auto.commit": False})
+        return self._reader
+
+    def _every_partition(self) -> list[TP]:
+        """Every partition of the cluster the client may see: where any commit of the group could be."""
+        self._refresh_metadata()
+        topics = self._admin.list_topics(timeout=_TIMEOUT_S).topics
+        return sorted((name, p) for name, meta in topics.items() if meta.error is None and not name.startswith("__")
+                      for p in meta.partitions)
 
     def resolve_start(self, tps: list[TP], starting: str, gap_policy: str,
                       commit: Callable[[Mapping[TP, int]], None]) -> dict[TP, int]:

@@ -64,7 +64,9 @@ class TlsRelay:
         self.url = f"https://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
 
     def stop(self) -> None:
-        self._server.close()
+        # On the loop's thread: closing from the test's thread raced the loop (seen once: a teardown
+        # TypeError inside asyncio's Server._wakeup).
+        self._loop.call_soon_threadsafe(self._server.close)
         self._loop.call_soon_threadsafe(self._loop.stop)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -439,7 +439,7 @@ def test_kafka_pass_through_names_are_not_checked_against_the_declarations():
 
 @pytest.mark.parametrize("scope", ["service", "target"])
 def test_the_test_harness_names_are_not_settings_and_not_problems(scope):
-    names = {"SINK_TEST_BROKER": "noida", "SINK_TEST_BOOTSTRAP": "127.0.0.1:9092"}
+    names = {"SINK_TEST_BROKER": "noida", "SINK_TEST_BOOTSTRAP": "127.0.0.1:9092", "SINK_TEST_WORKERS": "4"}
     load_config(env(**names), scope=scope)
 
 
@@ -456,12 +456,14 @@ def problems_of_scope(environ: dict[str, str]) -> list[str]:
 
 def test_every_sink_variable_the_project_reads_is_declared_or_a_known_non_setting():
     # The service and `python -m uploader` read os.environ whole; a SINK_ name the project itself
-    # reads or sets (devkit, bench, scripts) must not turn into a startup error.
-    pattern = re.compile(r"""environ(?:\.get\(|\[|\.setdefault\()\s*["'](SINK_[A-Z0-9_]+)["']""")
+    # reads or sets (devkit, bench, scripts) must not turn into a startup error. Shell scripts read
+    # them as $NAME or ${NAME...} (SINK_TEST_WORKERS of scripts/test.sh slipped past a Python-only scan).
+    pattern = re.compile(r"""environ(?:\.get\(|\[|\.setdefault\()\s*["'](SINK_[A-Z0-9_]+)["']|\$\{?(SINK_[A-Z0-9_]+)""")
     root = Path(__file__).resolve().parents[3]
     sources = [p for p in root.rglob("*.py") if ".venv" not in p.parts] + sorted(root.glob("scripts/*"))
-    read = {name for path in sources if path.is_file() for name in pattern.findall(path.read_text(errors="replace"))}
-    assert {"SINK_TEST_BROKER", "SINK_TEST_BOOTSTRAP"} <= read  # the scan finds what it looks for
+    read = {name for path in sources if path.is_file()
+            for names in pattern.findall(path.read_text(errors="replace")) for name in names if name}
+    assert {"SINK_TEST_BROKER", "SINK_TEST_BOOTSTRAP", "SINK_TEST_WORKERS"} <= read  # the scan finds what it looks for
     known = {f.metadata["env"] for f in declared_fields()} | NON_SETTING_NAMES
     assert {n for n in read if not n.startswith("SINK_KAFKA_")} <= known
 
