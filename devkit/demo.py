@@ -44,9 +44,12 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--format", choices=("json", "avro"), default="json",
                         help="how the orders are produced (avro: through a local schema registry)")
+    parser.add_argument("--work-dir", type=Path, default=REPO / ".scratch" / "demo",
+                        help="emptied and used for the endpoint's table, the service's scratch and log; "
+                             "two demos at once need two")
     args = parser.parse_args()
 
-    work = REPO / ".scratch" / "demo"
+    work = args.work_dir
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     topic, group, http_port = "orders", "demo-sink", free_port()

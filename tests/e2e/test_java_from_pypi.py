@@ -42,7 +42,8 @@ def test_the_demo_runs_with_no_java_but_the_one_from_pypi(tmp_path: Path):
     (no_java / "java").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ("JAVA_HOME", "PYTHONPATH")}
     env.update(PATH=f"{no_java}{os.pathsep}{env['PATH']}", PYTHONPATH=str(runtime))
-    result = subprocess.run([sys.executable, "-m", "devkit.demo", "--keys", "300", "--updates", "2"],
+    result = subprocess.run([sys.executable, "-m", "devkit.demo", "--keys", "300", "--updates", "2",
+                             "--work-dir", str(tmp_path / "demo")],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "table `orders` holds 300 rows" in result.stdout
