@@ -38,6 +38,7 @@ _TIMEOUT_S = 30.0  # the whole budget of one question to the brokers
 _ATTEMPT_S = 8.0
 K = TypeVar("K")
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -69,20 +70,29 @@ class KafkaOffsets:
     def _ask(self, request: Callable[[AdminClient, float], Mapping[K, Future[T]]]) -> dict[K, T]:
         """`request(client, timeout_s)`'s answers; a client that timed out is replaced and asked again.
 
-        Every question here reads or sets absolute values, so asking it again is harmless. A refused
-        login or certificate raises `KafkaAccessRefused` as soon as librdkafka reports it (polling
-        serves the error callback), not after the request's timeout.
+        A refused login or certificate raises `KafkaAccessRefused` as soon as librdkafka reports it
+        (polling serves the error callback), not after the request's timeout.
+        """
+        def attempt(timeout_s: float) -> dict[K, T]:
+            admin = self._admin
+            futures = request(admin, timeout_s)
+            return {key: self._answer(admin, future) for key, future in futures.items()}
+        return self._within_budget(attempt)
+
+    def _within_budget(self, attempt: Callable[[float], R]) -> R:
+        """`attempt(timeout_s)`, asked again after a timeout until `_TIMEOUT_S` is spent.
+
+        Every question here reads or sets absolute values, so asking it again is harmless.
         """
         deadline = time.monotonic() + _TIMEOUT_S
         while True:
-            admin = self._admin
-            futures = request(admin, min(_ATTEMPT_S, max(1.0, deadline - time.monotonic())))
             try:
-                return {key: self._answer(admin, future) for key, future in futures.items()}
+                return attempt(min(_ATTEMPT_S, max(1.0, deadline - time.monotonic())))
             except KafkaException as exc:
+                self._access.check()
                 if not _timed_out(exc) or time.monotonic() >= deadline:
                     raise
-                log.info("Kafka did not answer within %.0fs (%s); asking again with a new client", _ATTEMPT_S, exc)
+                log.info("Kafka did not answer within %.0fs (%s); asking again", _ATTEMPT_S, exc)
 
     def _answer(self, admin: AdminClient, future: Future[T]) -> T:
         while not future.done():
@@ -199,18 +209,15 @@ class KafkaOffsets:
         request = [TopicPartition(t, p) for t, p in (tps if explicit else self._every_partition())]
         if not request:
             return {}
-        deadline = time.monotonic() + _TIMEOUT_S
-        while True:
+
+        def attempt(timeout_s: float) -> list[TopicPartition]:
             reader = self._committed_reader()
             try:
-                answers = reader.committed(request, timeout=min(_ATTEMPT_S, max(1.0, deadline - time.monotonic())))
-                break
-            except KafkaException as exc:
+                return reader.committed(request, timeout=timeout_s)
+            except KafkaException:
                 reader.poll(0)  # serves the error callback: a refused login is reported as such
-                self._access.check()
-                if not _timed_out(exc) or time.monotonic() >= deadline:
-                    raise
-                log.info("Kafka did not answer within %.0fs (%s); asking again", _ATTEMPT_S, exc)
+                raise
+        answers = self._within_budget(attempt)
         refused = [f"{tp.topic}:{tp.partition} ({tp.error})" for tp in answers if tp.error is not None]
         if refused and explicit:
             raise KafkaException(f"the committed offsets of group {self._group_id} could not be read for "
