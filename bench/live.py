@@ -1,7 +1,7 @@
 """Live-rate mode: each system consumes a topic while a producer writes to it at a fixed rate.
 
 A long-running sink is judged mostly here: CPU per million records at a given rate, produce-to-upload
-latency, and memory. Per rate, one producer process builds the records once; per system, a fresh topic
+latency, and memory. Per rate, one producer process makes the records as it sends them; per system, a fresh topic
 (the same records, so every system starts at an empty position and sees the same data), the system is
 started and, once it is up (its consumer exists; the service: its streaming query started) and a few
 seconds more for its group to settle, the producer writes the topic at the rate for --live-seconds. The
@@ -44,7 +44,7 @@ def log(message: str) -> None:
 
 
 class LiveProducer:
-    """`python -m bench.live_producer` as a child: builds the records once, produces them per topic on request."""
+    """`python -m bench.live_producer` as a child: produces the workload's records to each topic on request."""
 
     def __init__(self, bootstrap: str, spec: WorkloadSpec, rate: int, seconds: float, log_path: Path):
         command = [sys.executable, "-m", "bench.live_producer", "--bootstrap", bootstrap, "--rate", str(rate),
@@ -130,7 +130,10 @@ def run_live_system(system: System, ctx: RunContext, producer: LiveProducer, end
     """
     result: dict = {"label": system.label, "group": group, "topic": ctx.topic,
                     "pushes_to_endpoint": system.pushes_to_endpoint}
-    create_topics(ctx.bootstrap, {ctx.topic: ctx.partitions})
+    # A long run outgrows an in-memory broker (noida-db held 23 GB after 35M records): with --live-retention-s
+    # the topic drops what is older, and a system that falls that far behind hits a retention gap and fails.
+    retention = {"retention.ms": str(int(args.live_retention_s * 1000))} if args.live_retention_s else None
+    create_topics(ctx.bootstrap, {ctx.topic: ctx.partitions}, retention)
     started = time.monotonic()
     system.start(ctx, group)
     sampler = ProcessTreeSampler(system.pid, ours=[os.getpid(), *broker_pids, producer.pid]).__enter__()
@@ -221,7 +224,7 @@ def run_live(bootstrap: str, endpoint: LocalEmsServer, args: argparse.Namespace,
     for rate in args.live_rates:
         records = int(rate * args.live_seconds)
         spec = WorkloadSpec(records, args.partitions, min(args.keys, records), args.record_size)
-        log(f"live: building {records:,} records for {rate:,}/s x {args.live_seconds:.0f}s")
+        log(f"live: {records:,} records for {rate:,}/s x {args.live_seconds:.0f}s")
         producer = LiveProducer(bootstrap, spec, rate, args.live_seconds, work / f"live_producer_{rate}.log")
         run = {"mode": "live", "rate": rate, "seconds": args.live_seconds, "workload": spec.as_dict(),
                "records": records, "systems": {}}

@@ -2,8 +2,9 @@
 
     .venv/bin/python -m bench.live_producer --bootstrap HOST:PORT --rate 20000 --seconds 60 [--partitions 8 ...]
 
-Builds the workload once (the same records for every system), prints `{"ready": true}`, then for every topic
-name read from stdin produces all records to it at --rate records/s (paced every 5 ms, keyed, partitioned by
+Prints `{"ready": true}`, then for every topic name read from stdin produces the workload's records to it at
+--rate records/s, made as they go out (the same records for every system; 30 minutes at 20k/s would be 36M records
+to hold up front) (paced every 5 ms, keyed, partitioned by
 key, `linger.ms` 5), waits for every acknowledgement and prints one JSON line of statistics. The Kafka
 timestamp of each record is the time `produce()` was called (CreateTime), so latency is measured from produce.
 Exits at the end of stdin.
@@ -16,27 +17,31 @@ import json
 import sys
 import time
 
-from bench.workload import AckedProducer, WorkloadSpec, build_records
+from bench.workload import AckedProducer, WorkloadSpec, iter_records
 
 TICK_S = 0.005
 
 
-def produce_at_rate(bootstrap: str, topic: str, keys: list[bytes], values: list[bytes], rate: float) -> dict:
+def produce_at_rate(bootstrap: str, topic: str, spec: WorkloadSpec, rate: float) -> dict:
     """Produce every record at `rate` records/s; returns timing statistics (wall times are time.time())."""
     acked = AckedProducer(bootstrap, **{"linger.ms": 5})
     producer, delivered = acked.producer, acked.delivered
-    total, sent, behind = len(values), 0, 0
+    records = iter_records(spec)
+    total, sent, behind = spec.records, 0, 0
     put = producer.produce
     started_wall, started = time.time(), time.perf_counter()
     while sent < total:
         due = min(total, int((time.perf_counter() - started) * rate) + 1)
         behind = max(behind, due - sent)
         while sent < due:
-            try:
-                put(topic, values[sent], keys[sent], on_delivery=delivered)
-                sent += 1
-            except BufferError:
-                producer.poll(0.01)
+            key, value = next(records)
+            while True:
+                try:
+                    put(topic, value, key, on_delivery=delivered)
+                    break
+                except BufferError:
+                    producer.poll(0.01)
+            sent += 1
         producer.poll(0)
         if sent < total:
             time.sleep(TICK_S)  # records go out in bursts of rate x 5 ms (100 at 20k/s)
@@ -58,12 +63,12 @@ def main() -> int:
     args = parser.parse_args()
     records = int(args.rate * args.seconds)
     spec = WorkloadSpec(records, args.partitions, min(args.keys, records), args.record_size)
-    keys, values = build_records(spec)
+    next(iter_records(spec))  # a spec the workload cannot make fails here, before anything is produced
     print(json.dumps({"ready": True, "records": records}), flush=True)
     for line in sys.stdin:
         topic = line.strip()
         if topic:
-            print(json.dumps(produce_at_rate(args.bootstrap, topic, keys, values, args.rate)), flush=True)
+            print(json.dumps(produce_at_rate(args.bootstrap, topic, spec, args.rate)), flush=True)
     return 0
 
 

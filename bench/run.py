@@ -285,6 +285,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="live mode: produce at this rate while each system runs (repeatable)")
     parser.add_argument("--live-rates", default="", metavar="R1,R2", help="live mode: a comma list of rates")
     parser.add_argument("--live-seconds", type=float, default=60, help="live mode: seconds of producing per system")
+    parser.add_argument("--live-retention-s", type=float, default=0,
+                        help="live mode: the topic's retention.ms in seconds (0: the broker's default); for runs "
+                             "longer than the broker can hold in memory (noida-db: about 30M records of 130 B)")
     parser.add_argument("--live-ready-timeout", type=float, default=120,
                         help="live mode: start producing after this long even if the system does not look ready")
     parser.add_argument("--live-settle", type=float, default=3,
@@ -371,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
             broker_pids = [p.pid for p in broker]
             try:
                 if args.live_rates:
-                    result["settings"]["live_seconds"] = args.live_seconds
+                    result["settings"].update(live_seconds=args.live_seconds, live_retention_s=args.live_retention_s)
                     result["runs"] = run_live(bootstrap, endpoint, args, work, stamp, broker_pids,
                                               lambda topic, workdir: run_context(args, bootstrap, endpoint, topic,
                                                                                  workdir))

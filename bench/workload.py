@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 from confluent_kafka import KafkaException, Producer
 
 STATUSES = ("NEW", "PAID", "PACKED", "SHIPPED", "DELIVERED")
 _SKELETON = '{"id":"k%07d","version":%d,"status":"%s","amount":%d.%02d,"customer":"c%04d","note":"%s"}'
-MIN_RECORD_SIZE = len(_SKELETON % (0, 99, "DELIVERED", 499, 99, 0, ""))
+MAX_VERSIONS = 1000  # the version is written with up to three digits
+MIN_RECORD_SIZE = len(_SKELETON % (0, MAX_VERSIONS - 1, "DELIVERED", 499, 99, 0, ""))
 
 
 @dataclass(frozen=True)
@@ -43,15 +45,17 @@ class Produced:
         return self.key_bytes + self.value_bytes
 
 
-def build_records(spec: WorkloadSpec, seed: int = 7) -> tuple[list[bytes], list[bytes]]:
-    """(keys, values) as bytes, built before the clock starts so producing is not bound by JSON encoding."""
+def iter_records(spec: WorkloadSpec, seed: int = 7) -> Iterator[tuple[bytes, bytes]]:
+    """(key, value) of every record in order, made as they are asked for: the same records for one seed.
+
+    A live run produces them while it goes (36M records for 30 minutes at 20k/s would not fit in memory up front).
+    """
     if spec.record_size < MIN_RECORD_SIZE:
         raise ValueError(f"record size must be at least {MIN_RECORD_SIZE} bytes")
+    if -(-spec.records // spec.keys) > MAX_VERSIONS or spec.keys > 10_000_000:
+        raise ValueError(f"at most {MAX_VERSIONS} versions per key and 10,000,000 keys")
     rng = random.Random(seed)
-    if spec.records // spec.keys > 99 or spec.keys > 10_000_000:
-        raise ValueError("at most 100 versions per key and 10,000,000 keys")
     key_list = [b"k%07d" % k for k in range(spec.keys)]
-    keys, values = [], []
     pad_cache: dict[int, str] = {}
     for i in range(spec.records):
         k, version = i % spec.keys, i // spec.keys
@@ -61,8 +65,15 @@ def build_records(spec: WorkloadSpec, seed: int = 7) -> tuple[list[bytes], list[
         note = pad_cache.get(pad)
         if note is None:
             note = pad_cache[pad] = "x" * pad
-        keys.append(key_list[k])
-        values.append((head[:-2] + note + '"}').encode())
+        yield key_list[k], (head[:-2] + note + '"}').encode()
+
+
+def build_records(spec: WorkloadSpec, seed: int = 7) -> tuple[list[bytes], list[bytes]]:
+    """(keys, values) as bytes, built before the clock starts so producing is not bound by JSON encoding."""
+    keys, values = [], []
+    for key, value in iter_records(spec, seed):
+        keys.append(key)
+        values.append(value)
     return keys, values
 
 

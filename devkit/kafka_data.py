@@ -14,9 +14,11 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from sink_service.kafka_source.offsets import KafkaOffsets
 
 
-def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
+def create_topics(bootstrap: str, topics: dict[str, int], config: dict[str, str] | None = None) -> None:
+    """Create the topics (name: partitions), each with the topic `config` given, and wait for their metadata."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(t, n, 1) for t, n in topics.items()], operation_timeout=10)
+    futures = admin.create_topics([NewTopic(t, n, 1, config=config or {}) for t, n in topics.items()],
+                                  operation_timeout=10)
     for future in futures.values():
         future.result()
     _wait_for_metadata(admin, topics)

@@ -5,13 +5,17 @@ two run side by side: `--systems service,delta`. Its output is read back from th
 run: a commit per applied file (`kafka_parquet_sink.*` in the commit info) and the commit's timestamp as the
 file's arrival. Latency is measured over the rows the table holds at the end (the latest version of each
 key: the last update of a key, so a sample biased to the end of the stream), each matched to the commit
-that applied its partition's offset range.
+that applied its partition's offset range. While it runs, the table is sampled once a minute (version, active
+files, Parquet files on disk, log entries, checkpoints): `delta_samples` in the results, for issue 29's
+"file count and log length bounded" over a long live run.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +28,7 @@ from bench.systems import Output, RunContext, SinkService
 META_APP_ID = "kafka_parquet_sink.app_id"
 META_FIRST = "kafka_parquet_sink.first_offset"
 META_LAST = "kafka_parquet_sink.last_offset"
+SAMPLE_EVERY_S = 60
 
 
 class SinkServiceDelta(SinkService):
@@ -36,8 +41,27 @@ class SinkServiceDelta(SinkService):
         self.table_dir = ctx.work / "delta_table"
         return {"SINK_TARGET": "delta", "SINK_DELTA_TABLE_URI": str(self.table_dir)}
 
+    def start(self, ctx: RunContext, group: str) -> None:
+        super().start(ctx, group)
+        self.samples: list[dict] = []
+        self._stop_sampling = threading.Event()
+        self._sampler = threading.Thread(target=self._sample_table, name="delta-table-sampler", daemon=True)
+        self._sampler.start()
+
+    def _sample_table(self) -> None:
+        started = time.monotonic()
+        while not self._stop_sampling.wait(SAMPLE_EVERY_S):
+            if (self.table_dir / "_delta_log").is_dir():
+                try:
+                    self.samples.append({"at_s": round(time.monotonic() - started), **table_files(self.table_dir)})
+                except Exception as exc:  # a sample must not end the run
+                    self.samples.append({"at_s": round(time.monotonic() - started), "error": repr(exc)[:200]})
+
     def before_stop(self) -> dict:
         found = super().before_stop()
+        self._stop_sampling.set()
+        self._sampler.join(timeout=30)
+        found["delta_samples"] = [*self.samples, {"at_s": "end", **table_files(self.table_dir)}]
         try:  # conflicts between the tasks' commits are retried as `delta_conflict`: count them
             text = requests.get(f"http://127.0.0.1:{self.http_port}/metrics", timeout=5).text
             for match in re.finditer(r'^sink_upload_retries_total\{reason="([^"]+)"\}\s+([0-9.eE+-]+)$', text, re.M):
@@ -72,6 +96,20 @@ def _commits(table_dir: Path) -> list[dict]:
                               app_id=info.get(META_APP_ID), first=info.get(META_FIRST), last=info.get(META_LAST))
         out.append(commit)
     return out
+
+
+def table_files(table_dir: Path) -> dict:
+    """What the table holds on its store: active files, all Parquet files (removed ones await vacuum), log."""
+    from deltalake import DeltaTable
+
+    log = table_dir / "_delta_log"
+    table = DeltaTable(str(table_dir))
+    return {"version": table.version(), "active_files": len(table.file_uris()),
+            "parquet_on_disk": sum(1 for _ in table_dir.rglob("*.parquet")) - sum(1 for _ in log.glob("*.parquet")),
+            "parquet_on_disk_mb": round(sum(f.stat().st_size for f in table_dir.rglob("*.parquet")
+                                            if f.parent != log) / 1e6, 1),
+            "log_entries": sum(1 for _ in log.glob("*.json")),
+            "checkpoints": sum(1 for _ in log.glob("*.checkpoint.parquet"))}
 
 
 def delta_summary(table_dir: Path) -> dict:
