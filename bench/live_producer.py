@@ -25,22 +25,16 @@ TICK_S = 0.005
 def produce_at_rate(bootstrap: str, topic: str, spec: WorkloadSpec, rate: float) -> dict:
     """Produce every record at `rate` records/s; returns timing statistics (wall times are time.time())."""
     acked = AckedProducer(bootstrap, **{"linger.ms": 5})
-    producer, delivered = acked.producer, acked.delivered
+    producer = acked.producer
     records = iter_records(spec)
     total, sent, behind = spec.records, 0, 0
-    put = producer.produce
     started_wall, started = time.time(), time.perf_counter()
     while sent < total:
         due = min(total, int((time.perf_counter() - started) * rate) + 1)
         behind = max(behind, due - sent)
         while sent < due:
             key, value = next(records)
-            while True:
-                try:
-                    put(topic, value, key, on_delivery=delivered)
-                    break
-                except BufferError:
-                    producer.poll(0.01)
+            acked.send(topic, key, value, 0.01)
             sent += 1
         producer.poll(0)
         if sent < total:

@@ -91,6 +91,15 @@ class AckedProducer:
         })
         self.errors: list[str] = []
 
+    def send(self, topic: str, key: bytes, value: bytes, backoff_s: float) -> None:
+        """Produce one record; while librdkafka's queue is full, serve deliveries for backoff_s and try again."""
+        while True:
+            try:
+                self.producer.produce(topic, value, key, on_delivery=self.delivered)
+                return
+            except BufferError:
+                self.producer.poll(backoff_s)
+
     def delivered(self, err, _msg) -> None:
         if err is not None and len(self.errors) < 10:
             self.errors.append(str(err))
@@ -105,17 +114,10 @@ class AckedProducer:
 def produce(bootstrap: str, topic: str, keys: list[bytes], values: list[bytes]) -> float:
     """Produce all records (partitioned by key) and wait until every one is acknowledged; returns seconds."""
     acked = AckedProducer(bootstrap, **{"linger.ms": 50, "batch.size": 1_000_000, "batch.num.messages": 100_000})
-    producer, delivered = acked.producer, acked.delivered
     started = time.perf_counter()
-    put = producer.produce
     for n, (key, value) in enumerate(zip(keys, values, strict=True)):
-        while True:
-            try:
-                put(topic, value, key, on_delivery=delivered)
-                break
-            except BufferError:
-                producer.poll(0.05)
+        acked.send(topic, key, value, 0.05)
         if n % 20_000 == 0:
-            producer.poll(0)
+            acked.producer.poll(0)
     acked.settle(300)
     return time.perf_counter() - started
