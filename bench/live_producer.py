@@ -3,9 +3,9 @@
     .venv/bin/python -m bench.live_producer --bootstrap HOST:PORT --rate 20000 --seconds 60 [--partitions 8 ...]
 
 Prints `{"ready": true}`, then for every topic name read from stdin produces the workload's records to it at
---rate records/s, made as they go out (the same records for every system; 30 minutes at 20k/s would be 36M records
-to hold up front) (paced every 5 ms, keyed, partitioned by
-key, `linger.ms` 5), waits for every acknowledgement and prints one JSON line of statistics. The Kafka
+--rate records/s (paced every 5 ms, keyed, partitioned by key, `linger.ms` 5), waits for every acknowledgement
+and prints one JSON line of statistics. Records are made as they go out, the same for every system: 30 minutes
+at 20k/s would be 36M records to hold up front. The Kafka
 timestamp of each record is the time `produce()` was called (CreateTime), so latency is measured from produce.
 Exits at the end of stdin.
 """

@@ -61,7 +61,6 @@ class SinkServiceDelta(SinkService):
         found = super().before_stop()
         self._stop_sampling.set()
         self._sampler.join(timeout=30)
-        found["delta_samples"] = [*self.samples, {"at_s": "end", **table_files(self.table_dir)}]
         try:  # conflicts between the tasks' commits are retried as `delta_conflict`: count them
             text = requests.get(f"http://127.0.0.1:{self.http_port}/metrics", timeout=5).text
             for match in re.finditer(r'^sink_upload_retries_total\{reason="([^"]+)"\}\s+([0-9.eE+-]+)$', text, re.M):
@@ -69,6 +68,7 @@ class SinkServiceDelta(SinkService):
         except requests.RequestException:
             pass
         try:
+            found["delta_samples"] = [*self.samples, {"at_s": "end", **table_files(self.table_dir)}]
             found.update(delta_summary(self.table_dir))
         except Exception as exc:  # the numbers of the run must survive a table that cannot be read
             found["delta_error"] = f"{type(exc).__name__}: {exc}"
@@ -104,10 +104,10 @@ def table_files(table_dir: Path) -> dict:
 
     log = table_dir / "_delta_log"
     table = DeltaTable(str(table_dir))
+    data_files = [f for f in table_dir.rglob("*.parquet") if f.parent != log]  # checkpoints are Parquet too
     return {"version": table.version(), "active_files": len(table.file_uris()),
-            "parquet_on_disk": sum(1 for _ in table_dir.rglob("*.parquet")) - sum(1 for _ in log.glob("*.parquet")),
-            "parquet_on_disk_mb": round(sum(f.stat().st_size for f in table_dir.rglob("*.parquet")
-                                            if f.parent != log) / 1e6, 1),
+            "parquet_on_disk": len(data_files),
+            "parquet_on_disk_mb": round(sum(f.stat().st_size for f in data_files) / 1e6, 1),
             "log_entries": sum(1 for _ in log.glob("*.json")),
             "checkpoints": sum(1 for _ in log.glob("*.checkpoint.parquet"))}
 
