@@ -12,13 +12,13 @@ import json
 import resource
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from uploader.delta import DeltaFile, applied_files
 from uploader.target import FileMetadata
 
 TOPIC = "bench"
@@ -59,15 +59,10 @@ def schema() -> pa.Schema:
     return rows(np.arange(1, dtype=np.int64), partitions=1, offsets=np.zeros(1), version=0, seed=0).schema
 
 
-@dataclass(frozen=True)
-class BatchFile:
-    path: Path
-    metadata: FileMetadata
-
-
 def micro_batch(directory: Path, *, keys: int, partitions: int, files: int, rows_per_file: int,
-                update_share: float, batch: int, seed: int) -> list[BatchFile]:
-    """`files` Parquet files, one per Kafka partition (0 .. files-1), as one micro-batch of the service closes.
+                update_share: float, batch: int, seed: int) -> list[DeltaFile]:
+    """`files` Parquet files, one per Kafka partition (0 .. files-1), as one micro-batch of the service closes;
+    as `uploader.delta.DeltaFile`s, what `DeltaTarget.merge` takes.
 
     Each file holds `rows_per_file` rows of its partition: `update_share` of them existing keys picked at random
     (spread over the whole table), the rest new keys above the table's. Offsets continue after the table's
@@ -89,7 +84,7 @@ def micro_batch(directory: Path, *, keys: int, partitions: int, files: int, rows
         table = rows(ids, partitions=partitions, offsets=offsets, version=batch + 1, seed=seed * 100 + p)
         path = directory / f"{TOPIC}-{p}-{batch}.parquet"
         pq.write_table(table, path, compression="snappy")
-        out.append(BatchFile(path, FileMetadata(
+        out.append(DeltaFile(path, FileMetadata(
             topic=TOPIC, partition=p, first_offset=int(first), last_offset=int(first + rows_per_file - 1),
             record_count=rows_per_file, target_table="bench", primary_keys=PRIMARY_KEYS, order_column=ORDER,
             schema_fingerprint="bench")))
@@ -97,7 +92,8 @@ def micro_batch(directory: Path, *, keys: int, partitions: int, files: int, rows
 
 
 def log_actions(table_dir: Path, after_version: int) -> list[dict]:
-    """Per commit after `after_version` (local tables): files and bytes added and removed, from the JSON log."""
+    """Per commit after `after_version` (local tables): files and bytes added and removed, from the JSON log,
+    and the Kafka files it applied (`files`: their names; a merge of a micro-batch applies several)."""
     out = []
     log_dir = table_dir / "_delta_log"
     version = after_version + 1
@@ -116,7 +112,8 @@ def log_actions(table_dir: Path, after_version: int) -> list[dict]:
                 info = action["commitInfo"]
         out.append({"version": version, "files_added": added, "files_removed": removed, "bytes_added": added_bytes,
                     "bytes_removed": removed_bytes, "timestamp_ms": info.get("timestamp"),
-                    "operation": info.get("operation"), "file": info.get("kafka_parquet_sink.file")})
+                    "operation": info.get("operation"),
+                    "files": [f["file"] for f in applied_files(info)]})
         version += 1
     return out
 
@@ -134,34 +131,3 @@ def max_rss_mb() -> float:
     """This process's peak RSS so far (Linux: ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
-
-def merge_batch(table_uri: str, files: list[BatchFile], settings, storage_options: dict[str, str] | None = None,
-                *, streamed: bool = True) -> dict:
-    """The alternative design, in the benchmark only: the micro-batch's files merged in ONE commit.
-
-    What the driver would do: read the files, skip those the table already covers (each partition's
-    application transaction), keep the latest row per key, and commit the rows together with every
-    partition's transaction. Predicates and options as `uploader.delta.DeltaTarget` (`streamed` is delta-rs's
-    `streamed_exec`, True by default there too). Raises CommitFailedError on a concurrent commit.
-    """
-    from deltalake import CommitProperties, DeltaTable, Transaction
-
-    from uploader.delta import latest_per_key
-
-    table = DeltaTable(table_uri, storage_options=storage_options or None)
-    todo = []
-    for f in files:
-        done = table.transaction_version(settings.app_id(f.metadata.topic, f.metadata.partition))
-        if done is None or done < f.metadata.last_offset + 1:
-            todo.append(f)
-    if not todo:
-        return {"skipped": True}
-    source = latest_per_key(pa.concat_tables([pq.read_table(f.path) for f in todo]), PRIMARY_KEYS, ORDER)
-    commit = CommitProperties(
-        app_transactions=[Transaction(settings.app_id(f.metadata.topic, f.metadata.partition),
-                                      f.metadata.last_offset + 1) for f in todo],
-        max_commit_retries=0)
-    return (table.merge(source, predicate="t.`id` = s.`id`", source_alias="s", target_alias="t", merge_schema=True,
-                        commit_properties=commit, streamed_exec=streamed)
-            .when_matched_update_all(predicate=f"(t.`{ORDER}` IS NULL OR s.`{ORDER}` > t.`{ORDER}`)")
-            .when_not_matched_insert_all().execute())

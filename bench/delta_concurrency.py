@@ -1,22 +1,27 @@
-"""Concurrent writers on one Delta table: throughput and conflicts of today's per-file merges (issue 29, item 4).
+"""Concurrent writers on one Delta table: throughput and conflicts, per-file merges against batch merges (issue 29,
+item 4).
 
     .venv/bin/python -m bench.delta_concurrency                          # dir and moto S3, 1/2/4 writers (~5 min)
     .venv/bin/python -m bench.delta_concurrency --stores dir --writers 1,4 --batches 2
 
 A table of `--keys` keys (no partition column unless `--partition-by _partition`) receives `--batches`
-micro-batches of 8 files (one per Kafka partition, `--rows` rows each, half updates, half new keys):
+micro-batches of 8 files (one per Kafka partition, `--rows` rows each, half updates, half new keys). W writer
+processes start together; writer w owns the Kafka partitions p with p % W == w:
 
-- `per-file xW`: W writer processes (as W executor tasks, or instances of one group) start together; writer w
-  owns the Kafka partitions p with p % W == w and applies its files in offset order with
-  `uploader.delta.DeltaTarget.upload` exactly as a task does (`max_commit_retries=0`; a conflict is a
-  `delta_conflict` RetryableUploadError, retried with the service's default retry policy: 60 s budget, 0.5 s
-  initial backoff, full jitter). Conflicts are counted with the `on_retry` callback.
-- `batch x1`: one process (the driver) merges each micro-batch's 8 files in one commit
-  (`bench.delta_common.merge_batch`).
+- `per-file xW` (`--writers`): W executor tasks of the design before the driver merged micro-batches (today
+  `python -m uploader push`): each applies its files in offset order with `uploader.delta.DeltaTarget.upload`,
+  one commit per file.
+- `batch xW` (`--batch-writers`, 1 by default): W instances of one consumer group, each driver merging its
+  partitions' files of each micro-batch in one commit with `uploader.delta.DeltaTarget.merge`, as the service does.
+
+Both go through DeltaTarget's own conflict handling (`max_commit_retries=0`; a conflict is a `delta_conflict`
+RetryableUploadError, retried with the service's default retry policy: 60 s budget, 0.5 s initial backoff, full
+jitter); retries are counted with the `on_retry` callback.
 
 Every case starts from a fresh copy of the table. Afterwards the table is checked: the expected row count, and
-every file applied exactly once (counted from the table's history, the commits' `kafka_parquet_sink.file`).
-S3 is moto's server (`ThreadedMotoServer`, in this process). Writes bench/results/delta_concurrency.{json,md}.
+every file applied exactly once (each file entry of each commit's `kafka_parquet_sink.files`, read from the
+table's history with `uploader.delta.applied_files`). S3 is moto's server (`ThreadedMotoServer`, in this process).
+Writes bench/results/delta_concurrency.{json,md}.
 """
 
 from __future__ import annotations
@@ -77,62 +82,74 @@ def child_prepare(spec: dict) -> dict:
     return {"build_s": time.monotonic() - started}
 
 
-def child_writer(spec: dict) -> dict:
-    """One writer: its partitions' files, in offset order, through DeltaTarget.upload; starts at spec['start_at']."""
-    from uploader.delta import CONFLICT, DeltaTarget
+def _mine(files: list, spec: dict) -> list:
+    """The files of the partitions this writer owns (p % writers == writer)."""
+    return [f for f in files if f.metadata.partition % spec["writers"] == spec["writer"]]
 
-    writer, writers = spec["writer"], spec["writers"]
+
+def child_writer(spec: dict) -> dict:
+    """One per-file writer: its partitions' files, in offset order, through DeltaTarget.upload; starts at
+    spec['start_at']."""
+    from uploader.delta import DeltaTarget
+
     batches = _files(spec)
     target = DeltaTarget(_settings(spec))
-    conflicts: Counter[str] = Counter()
+    retries: Counter[str] = Counter()
 
     def on_retry(error, attempt: int, wait_s: float) -> None:
-        conflicts[error.reason] += 1
+        retries[error.reason] += 1
 
     time.sleep(max(0.0, spec["start_at"] - time.time()))
     uploads = []
     for files in batches:
-        for f in files:
-            if f.metadata.partition % writers != writer:
-                continue
+        for f in _mine(files, spec):
             t0 = time.time()
             try:
                 receipt = target.upload(f.path, f.metadata, on_retry)
                 uploads.append({"start": t0, "end": time.time(), "attempts": receipt.attempts,
-                                "skipped": bool(receipt.details.get("skipped"))})
+                                "skipped": bool(receipt.details.get("skipped")), "files": 1})
             except Exception as exc:  # a file that exhausted its retry budget: the batch would fail and replay
                 uploads.append({"start": t0, "end": time.time(), "error": f"{type(exc).__name__}: {exc}"[:300]})
-    return {"uploads": uploads, "retries": dict(conflicts), "conflict_reason": CONFLICT}
+    return {"uploads": uploads, "retries": dict(retries)}
 
 
 def child_batch(spec: dict) -> dict:
-    """The driver's alternative: each micro-batch's files in one commit; conflicts cannot happen with one writer."""
-    from bench.delta_common import merge_batch
-    from uploader.delta_storage import storage_options
+    """One instance's driver: its partitions' files of each micro-batch merged in one commit with
+    DeltaTarget.merge, conflicts with other instances retried by DeltaTarget as `delta_conflict`."""
+    from uploader.delta import DeltaTarget
 
-    settings = _settings(spec)
-    options = storage_options(settings)
     batches = _files(spec)
+    target = DeltaTarget(_settings(spec))
+    retries: Counter[str] = Counter()
+
+    def on_retry(error, attempt: int, wait_s: float) -> None:
+        retries[error.reason] += 1
+
     time.sleep(max(0.0, spec["start_at"] - time.time()))
     uploads = []
     for files in batches:
+        mine = _mine(files, spec)
         t0 = time.time()
-        merge_batch(spec["uri"], files, settings, options)
-        uploads.append({"start": t0, "end": time.time(), "attempts": 1, "files": len(files)})
-    return {"uploads": uploads, "retries": {}}
+        try:
+            details, attempts = target.merge(mine, on_retry)
+            uploads.append({"start": t0, "end": time.time(), "attempts": attempts,
+                            "skipped": bool(details.get("skipped")), "files": len(mine)})
+        except Exception as exc:  # a merge that exhausted its retry budget: the micro-batch would fail and replay
+            uploads.append({"start": t0, "end": time.time(), "error": f"{type(exc).__name__}: {exc}"[:300]})
+    return {"uploads": uploads, "retries": dict(retries)}
 
 
 def child_check(spec: dict) -> dict:
-    """Rows in the table, and how many commits applied each file (from the history's commit info)."""
+    """Rows in the table, and how many commits applied each file (each file entry of each commit's info)."""
     from deltalake import DeltaTable
 
+    from uploader.delta import applied_files
     from uploader.delta_storage import storage_options
 
     options = storage_options(_settings(spec))
     table = DeltaTable(spec["uri"], storage_options=options or None)
-    applied = Counter(h.get("kafka_parquet_sink.file") for h in table.history()
-                      if h.get("kafka_parquet_sink.file"))
-    return {"rows": table.count(), "version": table.version(),
+    applied = Counter(f["file"] for h in table.history() for f in applied_files(h))
+    return {"rows": table.count(), "version": table.version(), "file_applications": sum(applied.values()),
             "files_applied_twice": sum(n > 1 for n in applied.values()), "distinct_files_applied": len(applied)}
 
 
@@ -202,6 +219,7 @@ def run_case(design: str, writers: int, store: str, args, env: dict[str, str], e
         "other_load_cores": sum(s.other_cpu_s for s in samplers) / len(samplers) / max(samplers[0].wall_s, 1e-9),
         "check": check,
         "rows_expected": args.keys + rows // 2,
+        "files_expected": args.batches * PARTITIONS,
     }
     shutil.rmtree(scratch, ignore_errors=True)
     return out
@@ -226,7 +244,8 @@ def markdown(report: dict) -> str:
             f"| {r['store']} | {r['design']} | {r['writers']} | {r['records_per_s']:,.0f} | {r['wall_s']:.1f} | "
             f"{r['commits']} | {r['conflicts']} | {r['conflicts_per_commit']:.2f} | {r['max_attempts']} | "
             f"{r['commit_latency_mean_s']:.2f} / {r['commit_latency_max_s']:.2f} | {r['failed_uploads']} | "
-            f"{c.get('files_applied_twice', '?')} | "
+            f"{c.get('files_applied_twice', '?')} ({c.get('distinct_files_applied', '?')} of "
+            f"{r['files_expected']} applied) | "
             f"{'yes' if c.get('rows') == r['rows_expected'] else c.get('rows')} | "
             f"{r['other_load_cores']:.2f} |")
     return "\n".join(lines) + "\n"
@@ -237,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", nargs=2, metavar=("STEP", "SPEC"), help=argparse.SUPPRESS)
     parser.add_argument("--stores", default="dir,s3", help="comma list of dir, s3 (moto)")
     parser.add_argument("--writers", default="1,2,4", help="comma list of writer counts for the per-file design")
+    parser.add_argument("--batch-writers", default="1",
+                        help=f"comma list of instance counts for the batch design (at most {PARTITIONS})")
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--rows", type=int, default=5000, help="rows per file")
     parser.add_argument("--batches", type=int, default=3, help="micro-batches of 8 files")
@@ -249,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     stores = [x for x in args.stores.split(",") if x]
     counts = [int(x) for x in args.writers.split(",") if x]
+    batch_counts = [int(x) for x in args.batch_writers.split(",") if x]
+    if any(not 1 <= w <= PARTITIONS for w in counts + batch_counts):
+        parser.error(f"writer counts must be between 1 and {PARTITIONS} (one Kafka partition at least each)")
     report = {"started_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine_info(),
               "settings": {"keys": args.keys, "rows": args.rows, "batches": args.batches,
                            "partition_by": args.partition_by}, "cases": []}
@@ -269,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="bench-key-id",
                          aws_secret_access_key="bench-secret").create_bucket(Bucket=BUCKET)
         try:
-            for design, writers in [("per-file", w) for w in counts] + [("batch", 1)]:
+            for design, writers in [("per-file", w) for w in counts] + [("batch", w) for w in batch_counts]:
                 log(f"{store}: {design} x{writers}")
                 result = run_case(design, writers, store, args, env, endpoint)
                 result.setdefault("design", design)

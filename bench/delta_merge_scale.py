@@ -6,13 +6,14 @@
 For each table size and layout a base table of N keys is built once (in a child process), then copied per
 mode, and one child process per mode merges the same micro-batches into its copy:
 
-- `per-file`: today's design, `uploader.delta.DeltaTarget.upload` for each file (one MERGE commit per file,
-  each with its partition's application transaction), exactly as the executors' tasks call it;
-- `batch`: the alternative, written here only: the micro-batch's files read, reduced to the latest row per key
-  (`uploader.delta.latest_per_key`) and merged in ONE commit carrying every partition's application transaction,
-  with the same predicates and the same merge options as DeltaTarget (delta-rs's default `streamed_exec=True`);
-- `per-file-pruned` / `batch-pruned` (opt-in, `--modes`): the same with `streamed_exec=False`, so delta-rs
-  materialises the source and may skip table files (and partitions) that cannot match.
+- `per-file`: `uploader.delta.DeltaTarget.upload` for each file (one MERGE commit per file, each with its
+  partition's application transaction): the service's design before the driver merged micro-batches, kept for
+  `python -m uploader push`;
+- `batch`: the service's design, `uploader.delta.DeltaTarget.merge` of the micro-batch's files as the driver
+  calls it: ONE commit with the latest row per key across the files and every partition's application transaction.
+
+Both use delta-rs's default `streamed_exec` (DeltaTarget does not expose it); the `-pruned` modes that compared
+`streamed_exec=False` were dropped with the benchmark's own batch merge.
 
 A micro-batch is `--files` files (one per Kafka partition) of `--rows` rows, half updates of existing keys
 spread over the whole table and half new keys. Layouts: `plain` (no partition column, one write: files of
@@ -44,7 +45,6 @@ WORK = RESULTS / "tmp" / "delta_merge_scale"
 PARTITIONS = 8  # Kafka partitions of the topic: a key k lives in partition k % 8
 SMALL_FILE_ROWS = 50_000
 MODES = ("per-file", "batch")
-ALL_MODES = (*MODES, "per-file-pruned", "batch-pruned")
 LAYOUTS = ("plain", "partitioned", "small-files")
 
 
@@ -80,7 +80,7 @@ def child_merge(spec: dict) -> dict:
     """Merge spec['batches'] micro-batches into spec['table'] the way spec['mode'] says."""
     from deltalake import DeltaTable
 
-    from bench.delta_common import log_actions, max_rss_mb, merge_batch, micro_batch, table_files
+    from bench.delta_common import log_actions, max_rss_mb, micro_batch, table_files
     from uploader.delta import DeltaTarget
     from uploader.delta_settings import DeltaSettings
 
@@ -95,7 +95,7 @@ def child_merge(spec: dict) -> dict:
         files = micro_batch(Path(spec["scratch"]) / f"batch{b}", keys=spec["keys"], partitions=PARTITIONS,
                             files=spec["files"], rows_per_file=spec["rows"], update_share=spec["update_share"],
                             batch=b, seed=1000 + b)
-        if mode.startswith("per-file"):  # --per-file-files: a part of the micro-batch, for the biggest tables
+        if mode == "per-file":  # --per-file-files: a part of the micro-batch, for the biggest tables
             files = files[:spec["per_file_files"]]
         started = time.monotonic()
         per_commit = []
@@ -105,13 +105,11 @@ def child_merge(spec: dict) -> dict:
                 receipt = target.upload(f.path, f.metadata)
                 per_commit.append({"s": time.monotonic() - t0, **{k: v for k, v in receipt.details.items()
                                                                    if k.startswith("num_")}})
-        elif mode in ("batch", "batch-pruned", "per-file-pruned"):
-            groups = [files] if mode.startswith("batch") else [[f] for f in files]
-            for group in groups:
-                t0 = time.monotonic()
-                metrics = merge_batch(str(table_dir), group, settings, streamed=not mode.endswith("pruned"))
-                per_commit.append({"s": time.monotonic() - t0, **{k: v for k, v in metrics.items()
-                                                                  if k.startswith("num_")}})
+        elif mode == "batch":
+            t0 = time.monotonic()
+            details, _ = target.merge(files)
+            per_commit.append({"s": time.monotonic() - t0, **{k: v for k, v in details.items()
+                                                              if k.startswith("num_")}})
         else:
             raise ValueError(mode)
         batches.append({"seconds": time.monotonic() - started, "commits": per_commit})
@@ -119,7 +117,7 @@ def child_merge(spec: dict) -> dict:
     files, size = table_files(table_dir)
     final = DeltaTable(str(table_dir))
     inserts = spec["rows"] - int(spec["rows"] * spec["update_share"])
-    merged = min(spec["files"], spec["per_file_files"]) if mode.startswith("per-file") else spec["files"]
+    merged = min(spec["files"], spec["per_file_files"]) if mode == "per-file" else spec["files"]
     expected = spec["keys"] + spec["batches"] * merged * inserts
     return {"batches": batches, "log": actions, "peak_rss_mb": max_rss_mb(), "rss_before_merge_mb": rss_before,
             "table_files_after": files, "table_bytes_after": size, "rows_after": final.count(),
@@ -152,14 +150,17 @@ def run_child(step: str, spec: dict, timeout_s: float) -> dict:
 # --- the driver -----------------------------------------------------------------------------------------
 
 def summarise(result: dict) -> dict:
-    """Per micro-batch: seconds, commits, files and bytes added and removed (averaged over the batches)."""
+    """Per micro-batch: seconds, merge commits, Kafka files they applied, table files and bytes added and
+    removed by all commits (maintenance included), averaged over the batches."""
     log_ = result["log"]
     n = len(result["batches"])
+    merges = [c for c in log_ if c["files"]]  # not maintenance: commits that applied Kafka files
     return {
         "seconds_per_batch": sum(b["seconds"] for b in result["batches"]) / n,
         "seconds_batches": [round(b["seconds"], 2) for b in result["batches"]],
-        "commits_per_batch": len(log_) / n,
-        "seconds_per_commit": sum(c["s"] for b in result["batches"] for c in b["commits"]) / max(1, len(log_)),
+        "commits_per_batch": len(merges) / n,
+        "file_applications_per_batch": sum(len(c["files"]) for c in merges) / n,  # each file entry of each commit
+        "seconds_per_commit": sum(c["s"] for b in result["batches"] for c in b["commits"]) / max(1, len(merges)),
         "files_added_per_batch": sum(c["files_added"] for c in log_) / n,
         "files_removed_per_batch": sum(c["files_removed"] for c in log_) / n,
         "mb_added_per_batch": sum(c["bytes_added"] for c in log_) / n / 1e6,
@@ -200,11 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", nargs=2, metavar=("STEP", "SPEC"), help=argparse.SUPPRESS)
     parser.add_argument("--keys", default="100000,1000000", help="comma list of table sizes (keys)")
     parser.add_argument("--layouts", default="plain,partitioned", help=f"comma list of {', '.join(LAYOUTS)}")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(ALL_MODES)}")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
     parser.add_argument("--files", type=int, default=8, help="files per micro-batch (one per Kafka partition)")
     parser.add_argument("--rows", type=int, default=5000, help="rows per file")
     parser.add_argument("--per-file-files", type=int, default=None,
-                        help="per-file modes merge only this many of a micro-batch's files (10M keys: the whole "
+                        help="the per-file mode merges only this many of a micro-batch's files (10M keys: the whole "
                              "batch takes too long; 's per commit' then extrapolates)")
     parser.add_argument("--update-share", type=float, default=0.5)
     parser.add_argument("--batches", type=int, default=2, help="micro-batches merged per case, one after another")
@@ -218,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(k) for k in args.keys.split(",") if k.strip()]
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     modes = [x.strip() for x in args.modes.split(",") if x.strip()]
-    if bad := [x for x in layouts if x not in LAYOUTS] + [m for m in modes if m not in ALL_MODES]:
+    if bad := [x for x in layouts if x not in LAYOUTS] + [m for m in modes if m not in MODES]:
         parser.error(f"unknown layout(s) or mode(s): {bad}")
     report = {"started_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine_info(),
               "settings": {"files": args.files, "rows": args.rows, "update_share": args.update_share,
@@ -252,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                 case["modes"][mode] = result
                 s = result.get("summary")
                 log(f"  {mode}: " + (
-                    f"{s['seconds_per_batch']:.2f}s per batch, {s['commits_per_batch']:.0f} commits, "
+                    f"{s['seconds_per_batch']:.2f}s per batch, {s['commits_per_batch']:.0f} commits applying "
+                    f"{s['file_applications_per_batch']:.0f} files, "
                     f"{s['mb_removed_per_batch']:,.1f} MB rewritten, peak RSS {result['peak_rss_mb']:,.0f} MB, "
                     f"other load {result['other_load_cores'] or 0:.2f}" if s else f"failed: {result['error']}"))
                 shutil.rmtree(table, ignore_errors=True)

@@ -1,8 +1,10 @@
-"""The service with `SINK_TARGET=delta`: each closed file merged into a local Delta table (delta-rs).
+"""The service with `SINK_TARGET=delta`: each micro-batch's files merged into a local Delta table (delta-rs) in
+one commit by the driver.
 
 A variant of the `service` system (same workload, same thresholds, same consumer-group progress), so the
 two run side by side: `--systems service,delta`. Its output is read back from the table's log after the
-run: a commit per applied file (`kafka_parquet_sink.*` in the commit info) and the commit's timestamp as the
+run: the files each commit applied (`kafka_parquet_sink.files` in the commit info, read with
+`uploader.delta.applied_files`; a micro-batch's commit applies several) and the commit's timestamp as each
 file's arrival. Latency is measured over the rows the table holds at the end (the latest version of each
 key: the last update of a key, so a sample biased to the end of the stream), each matched to the commit
 that applied its partition's offset range. While it runs, the table is sampled once a minute (version, active
@@ -25,14 +27,12 @@ import requests
 
 from bench.systems import Output, RunContext, SinkService
 
-META_APP_ID = "kafka_parquet_sink.app_id"
-META_FIRST = "kafka_parquet_sink.first_offset"
-META_LAST = "kafka_parquet_sink.last_offset"
 SAMPLE_EVERY_S = 60
 
 
 class SinkServiceDelta(SinkService):
-    """(a'') this service merging each file into a Delta table on the local disk, instead of POSTing it to EMS."""
+    """(a'') this service merging each micro-batch into a Delta table on the local disk, instead of POSTing its
+    files to EMS."""
 
     name, label = "delta", "sink service -> Delta table"
     pushes_to_endpoint = False
@@ -61,7 +61,7 @@ class SinkServiceDelta(SinkService):
         found = super().before_stop()
         self._stop_sampling.set()
         self._sampler.join(timeout=30)
-        try:  # conflicts between the tasks' commits are retried as `delta_conflict`: count them
+        try:  # a merge that lost to another writer's commit (another instance) is retried as `delta_conflict`
             text = requests.get(f"http://127.0.0.1:{self.http_port}/metrics", timeout=5).text
             for match in re.finditer(r'^sink_upload_retries_total\{reason="([^"]+)"\}\s+([0-9.eE+-]+)$', text, re.M):
                 found[f"retries_{match.group(1)}"] = float(match.group(2))
@@ -79,10 +79,13 @@ class SinkServiceDelta(SinkService):
 
 
 def _commits(table_dir: Path) -> list[dict]:
-    """Every commit of the JSON log: version, timestamp (ms), the file it applied and bytes added/removed."""
+    """Every commit of the JSON log: version, timestamp (ms), bytes added/removed and the Kafka files it applied
+    (`files`: one {file, app_id, first_offset, last_offset, applied_from} each; empty for other commits)."""
+    from uploader.delta import applied_files  # deltalake only where a delta run reads its table
+
     out = []
     for entry in sorted((table_dir / "_delta_log").glob("*.json")):
-        commit = {"version": int(entry.stem), "added": 0, "removed": 0, "files_added": 0}
+        commit = {"version": int(entry.stem), "added": 0, "removed": 0, "files_added": 0, "files": []}
         for line in entry.read_text().splitlines():
             action = json.loads(line)
             if "add" in action:
@@ -93,7 +96,7 @@ def _commits(table_dir: Path) -> list[dict]:
             elif "commitInfo" in action:
                 info = action["commitInfo"]
                 commit.update(timestamp_ms=info.get("timestamp"), operation=info.get("operation"),
-                              app_id=info.get(META_APP_ID), first=info.get(META_FIRST), last=info.get(META_LAST))
+                              files=applied_files(info))
         out.append(commit)
     return out
 
@@ -113,27 +116,34 @@ def table_files(table_dir: Path) -> dict:
 
 
 def delta_summary(table_dir: Path) -> dict:
-    """What the table looks like after the run: commits, files, bytes, rows, and the bytes merges rewrote."""
+    """What the table looks like after the run: merge commits and the Kafka files they applied, table files,
+    bytes, rows, and the bytes merges rewrote."""
     from deltalake import DeltaTable
 
     table = DeltaTable(str(table_dir))
     commits = _commits(table_dir)
-    merges = [c for c in commits if c.get("app_id")]
+    merges = [c for c in commits if c["files"]]
     actions = table.get_add_actions(flatten=True)
     sizes = actions.column("size_bytes").to_pylist() if actions.num_rows else []
-    return {"delta_version": table.version(), "delta_merge_commits": len(merges), "delta_files": len(sizes),
+    return {"delta_version": table.version(), "delta_merge_commits": len(merges),
+            "delta_file_applications": sum(len(c["files"]) for c in merges), "delta_files": len(sizes),
             "delta_mb": sum(sizes) / 1e6, "delta_rows": table.count(),
             "delta_mb_written": sum(c["added"] for c in commits) / 1e6,
             "delta_mb_rewritten": sum(c["removed"] for c in commits) / 1e6}
 
 
 def delta_output(table_dir: Path) -> Output:
-    """Per applied file a commit; per row the table holds, its Kafka timestamp and its commit's time."""
+    """Files: each file entry of each merge commit (a micro-batch's commit applies several); bytes: what those
+    commits added (the rewrite included); per row the table holds, its Kafka timestamp and the time of the
+    commit that applied its partition's offset."""
     from deltalake import DeltaTable
 
-    commits = [c for c in _commits(table_dir) if c.get("app_id") and c.get("last") is not None]
-    out = Output(files=len(commits), bytes=sum(c["added"] for c in commits))
-    if not commits:
+    commits = [c for c in _commits(table_dir) if c["files"]]
+    # (partition, last offset, commit time) per applied file; a partition may have several files in one commit
+    applied = [(int(f["app_id"].rsplit("/", 1)[-1]), int(f["last_offset"]), c["timestamp_ms"] / 1000)
+               for c in commits for f in c["files"]]
+    out = Output(files=len(applied), bytes=sum(c["added"] for c in commits))
+    if not applied:
         return out
     # The table's files read with pyarrow (no partition columns here): to_pyarrow_table() in this process, after
     # DeltaTarget merges in it, once ended the interpreter with "terminate called without an active exception".
@@ -147,8 +157,7 @@ def delta_output(table_dir: Path) -> Output:
     stamp_ms = (stamp * {"s": 1000, "ms": 1, "us": 1e-3, "ns": 1e-6}[unit]).astype(np.int64)
     arrival = np.full(rows.num_rows, np.nan)
     for p in np.unique(partition):
-        mine = sorted((int(c["last"]), c["timestamp_ms"] / 1000) for c in commits
-                      if c["app_id"].rsplit("/", 1)[-1] == str(p))
+        mine = sorted((last, at) for partition_, last, at in applied if partition_ == p)
         if not mine:
             continue
         lasts = np.array([last for last, _ in mine])
