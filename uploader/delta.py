@@ -40,12 +40,14 @@ Maintenance (compaction, log cleanup, vacuum) runs after a commit on a version m
 
 from __future__ import annotations
 
+import json
 import logging
 import pathlib
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Self
 
 import pyarrow as pa
@@ -55,7 +57,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, SchemaMismatchError, TableNotFoundError
 
 from uploader.classify import certificate_error
-from uploader.column_types import convert, join
+from uploader.column_types import convert, join, unify
 from uploader.delta_maintenance import maintain
 from uploader.delta_settings import (
     HARD_DELETES_SETTING,
@@ -76,20 +78,49 @@ DELETED = "_deleted"
 OFFSET = "_offset"
 NARROWING = "delta_schema"
 CONFLICT = "delta_conflict"
-# Written into each commit's info (DeltaTable.history()), so applications per file can be counted.
-META_FILE = "kafka_parquet_sink.file"
-META_APP_ID = "kafka_parquet_sink.app_id"
-META_FIRST = "kafka_parquet_sink.first_offset"
-META_LAST = "kafka_parquet_sink.last_offset"
-META_APPLIED_FROM = "kafka_parquet_sink.applied_from"  # the first offset this commit applied (an overlap is cut)
+# Written into each commit's info (DeltaTable.history()), so applications per file can be counted: a JSON
+# list of the files the commit applied, each {file, app_id, first_offset, last_offset, applied_from}
+# (`applied_from`: the first offset the commit applied; later than first_offset when an overlap was cut).
+META_FILES = "kafka_parquet_sink.files"
 # A rewrite that widened columns ("name: old -> new, ...") and the file that needed it; not META_FILE:
 # the rewrite applies no rows of the file (its merge is the next commit), so it is no application.
 META_WIDENED = "kafka_parquet_sink.widened"
 META_WIDENED_FOR = "kafka_parquet_sink.widened_for"
 _ROW = "__delta_target_row__"
+_FILE = "__delta_target_file__"  # the place of a row's file in a merge: ties on the order column go to the earlier
 _FATAL_STORE_WORDS = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
                       "InvalidToken", "403 Forbidden", "status: 403", "Forbidden")
 _MISSING_BUCKET_WORDS = ("NoSuchBucket",)
+
+
+@dataclass(frozen=True)
+class DeltaFile:
+    """A closed file to apply: its bytes on a local disk, and the offsets and keys it holds."""
+
+    path: pathlib.Path
+    metadata: FileMetadata
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """What one attempt applies of a file: its rows from the table's covered end on."""
+
+    metadata: FileMetadata
+    rows: pa.Table
+    app_id: str
+    applied_from: int
+
+    def describe(self) -> dict[str, Any]:
+        m = self.metadata
+        return {"file": m.file_name(), "app_id": self.app_id, "first_offset": m.first_offset,
+                "last_offset": m.last_offset, "applied_from": self.applied_from}
+
+
+def applied_files(commit_info: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The files a commit of this target applied, from its commit info (`DeltaTable.history()` or the
+    `commitInfo` action of a log entry); empty for any other commit."""
+    text = commit_info.get(META_FILES)
+    return json.loads(text) if text else []
 
 
 class DeltaTarget:
@@ -105,28 +136,53 @@ class DeltaTarget:
     # --- the interface --------------------------------------------------------------------------
 
     def upload(self, path: pathlib.Path, metadata: FileMetadata, on_retry: OnRetry | None = None) -> Receipt:
-        """Merge the file unless the table already holds its range; retried on conflicts and I/O errors."""
+        """Merge one file unless the table already holds its range; retried on conflicts and I/O errors."""
         path = pathlib.Path(path)
         size = path.stat().st_size
-        uri = self.settings.uri_for(metadata.topic)
         started = time.monotonic()
-        with self._lock:  # one merge at a time per worker; tasks of a worker run one after the other anyway
-            details, attempts = call_with_retries(
-                lambda attempt: self._apply(path, metadata, uri), self.settings.retry, on_retry)
-            cached = self._tables.get(uri)
-            if details.get("committed_version") and cached is not None:  # after our commit; never raises
-                maintenance = maintain(cached[0], self.settings, details["committed_version"])
-                if maintenance:
-                    details = {**details, "maintenance": maintenance}
+        details, attempts = self.merge([DeltaFile(path, metadata)], on_retry)
         return Receipt(
             target=self.name,
-            location=f"{uri}@v{details['version']}",
+            location=f"{self.settings.uri_for(metadata.topic)}@v{details['version']}",
             response_id=str(details["version"]),
             bytes=size,
             attempts=attempts,
             duration_s=time.monotonic() - started,
             details=details,
         )
+
+    def merge(self, files: Sequence[DeltaFile], on_retry: OnRetry | None = None) -> tuple[dict[str, Any], int]:
+        """Apply files of one table in one commit: the latest row per key across all of them, and every
+        partition's progress as its application transaction. A partition's files must come in offset order.
+
+        Returns the commit's details and the attempts it took. A refusal (FatalUploadError, reason
+        `delta_schema`) carries the files it concerns as `error.files`: one when a file does not fit the
+        table; all of them when delta-rs refused the merge, which the caller can split to find the file."""
+        uris = {self.settings.uri_for(f.metadata.topic) for f in files}
+        if len(uris) != 1:
+            raise ValueError(f"one merge applies files of one table, not of {sorted(uris)}")
+        uri = uris.pop()
+        with self._lock:  # one merge at a time per target: a second would only conflict with the first
+            details, attempts = call_with_retries(
+                lambda attempt: self._apply(files, uri), self.settings.retry, on_retry)
+            cached = self._tables.get(uri)
+            if details.get("committed_version") and cached is not None:  # after our commit; never raises
+                maintenance = maintain(cached[0], self.settings, details["committed_version"])
+                if maintenance:
+                    details = {**details, "maintenance": maintenance}
+        return details, attempts
+
+    def covered_to(self, topic: str, partition: int) -> int | None:
+        """The first offset of the partition the table does not hold (its application transaction), or
+        None when the table or the partition's transaction does not exist yet."""
+        uri = self.settings.uri_for(topic)
+        with self._lock:
+            try:
+                table = self._open(uri)
+                return table.transaction_version(self.settings.app_id(topic, partition)) if table else None
+            except Exception:
+                self._forget(uri)
+                raise
 
     def describe_request(self, path: pathlib.Path, metadata: FileMetadata) -> dict[str, Any]:
         """What upload() would do; for a --dry-run that touches no table."""
@@ -153,48 +209,56 @@ class DeltaTarget:
 
     # --- one attempt ----------------------------------------------------------------------------
 
-    def _apply(self, path: pathlib.Path, metadata: FileMetadata, uri: str) -> dict[str, Any]:
-        what = f"Delta merge of {metadata.file_name()} into {uri}"
-        app_id = self.settings.app_id(metadata.topic, metadata.partition)
-        end = metadata.last_offset + 1
+    def _apply(self, files: Sequence[DeltaFile], uri: str) -> dict[str, Any]:
+        what = f"Delta merge of {_describe(files)} into {uri}"
+        pieces: list[_Piece] = []
         try:
             table = self._open(uri)
-            done = table.transaction_version(app_id) if table is not None else None
-            if done is not None and done >= end:
-                log.info("%s skipped: the table already holds %s up to offset %d", what, app_id, done - 1)
-                return {"version": table.version(), "app_id": app_id, "skipped": True, "covered_to": done}
-            rows = pq.read_table(path)
-            applied_from = metadata.first_offset
-            if done is not None and done > metadata.first_offset and OFFSET in rows.column_names:
-                rows = rows.filter(pc.greater_equal(rows[OFFSET], pa.scalar(done, rows.schema.field(OFFSET).type)))
-                applied_from = done
-            rows = _storable(rows)
+            skipped: list[str] = []
+            ends: dict[str, int] = {}  # app_id -> the first offset the table will not hold
+            for file in files:
+                metadata = file.metadata
+                app_id = self.settings.app_id(metadata.topic, metadata.partition)
+                done = ends.get(app_id)  # an earlier file of this merge, else the table's own progress
+                if done is None and table is not None:
+                    done = table.transaction_version(app_id)
+                if done is not None and done > metadata.last_offset:
+                    log.info("%s: %s skipped: the table already holds %s up to offset %d", what,
+                             metadata.file_name(), app_id, done - 1)
+                    skipped.append(metadata.file_name())
+                    continue
+                rows = pq.read_table(file.path)
+                _require_key_columns(rows, metadata, uri)
+                applied_from = metadata.first_offset
+                if done is not None and done > metadata.first_offset and OFFSET in rows.column_names:
+                    rows = rows.filter(pc.greater_equal(rows[OFFSET], pa.scalar(done, rows.schema.field(OFFSET).type)))
+                    applied_from = done
+                pieces.append(_Piece(metadata, _storable(rows), app_id, applied_from))
+                ends[app_id] = metadata.last_offset + 1
+            if not pieces:
+                return {"version": table.version(), "skipped": True, "skipped_files": skipped, "applied": []}
             if table is None:
-                table = self._create(uri, rows.schema)
-            rows, widen = self._fit(rows, table, metadata, uri)
-            if widen:  # the file holds wider values than the table: the table's column widens first
-                table = self._widen(table, widen, metadata, uri, path.parent)
-                rows, widen = self._fit(rows, table, metadata, uri)
-                if widen:
-                    raise RetryableUploadError(f"{what}: the table's schema changed meanwhile", reason=CONFLICT)
+                table = self._create(uri, pieces[0].rows.schema)
+            rows = self._fitted(pieces, table, uri, files[0].path.parent)
             commit = CommitProperties(
-                app_transactions=[Transaction(app_id, end)],
+                app_transactions=[Transaction(app_id, end) for app_id, end in ends.items()],
                 max_commit_retries=0,
-                custom_metadata={META_FILE: metadata.file_name(), META_APP_ID: app_id,
-                                 META_FIRST: str(metadata.first_offset), META_LAST: str(metadata.last_offset),
-                                 META_APPLIED_FROM: str(applied_from)},
+                custom_metadata={META_FILES: json.dumps([piece.describe() for piece in pieces])},
             )
             read_version = table.version()
-            if metadata.primary_keys:
-                counts = self._merge(table, rows, metadata, commit)
+            keys, order = pieces[0].metadata.primary_keys, pieces[0].metadata.order_column
+            if keys:
+                counts = self._merge(table, rows, keys, order, commit)
             else:
-                write_deltalake(table, rows, mode="append", schema_mode="merge", commit_properties=commit)
+                write_deltalake(table, rows.drop_columns([_FILE]), mode="append", schema_mode="merge",
+                                commit_properties=commit)
                 counts = {"num_target_rows_inserted": rows.num_rows}
             if table.version() == read_version:
                 # A merge that changes no row (every row older than the table's) commits nothing, not even
-                # its application transaction: the range is recorded by a commit of its own without rows,
-                # so the table's progress never lags what it has taken in and a replay is skipped.
-                write_deltalake(table, rows.slice(0, 0), mode="append", schema_mode="merge", commit_properties=commit)
+                # its application transactions: the ranges are recorded by a commit of their own without
+                # rows, so the table's progress never lags what it has taken in and a replay is skipped.
+                write_deltalake(table, rows.drop_columns([_FILE]).slice(0, 0), mode="append", schema_mode="merge",
+                                commit_properties=commit)
             committed = table.version()  # no retries: read version + 1
             table.update_incremental()
         except UploadError:
@@ -202,20 +266,36 @@ class DeltaTarget:
             raise
         except Exception as exc:  # deltalake raises its own errors and plain OSError/ValueError from Rust
             self._forget(uri)
-            raise classify_error(exc, what=what, metadata=metadata) from exc
-        log.debug("%s applied as version %d: %s", what, table.version(), counts)
-        return {"version": table.version(), "committed_version": committed, "app_id": app_id, "skipped": False,
-                "covered_to": end,
-                "rows": rows.num_rows, **{k: v for k, v in counts.items() if k.startswith("num_")}}
+            raise classify_error(exc, what=what, files=[p.metadata for p in pieces] or
+                                 [f.metadata for f in files]) from exc
+        log.debug("%s applied as version %d: %s", what, committed, counts)
+        return {"version": committed, "committed_version": committed, "skipped": False,
+                "skipped_files": skipped, "applied": [piece.describe() for piece in pieces],
+                "covered_to": ends, "rows": rows.num_rows,
+                **{k: v for k, v in counts.items() if k.startswith("num_")}}
 
-    def _merge(self, table: DeltaTable, rows: pa.Table, metadata: FileMetadata,
+    def _fitted(self, pieces: list[_Piece], table: DeltaTable, uri: str, scratch: pathlib.Path) -> pa.Table:
+        """The pieces' rows in one Arrow table of the table's types, the table widened first where a
+        file holds wider values; each row tagged with its file's place in the merge (`_FILE`)."""
+        fitted = [self._fit(p.rows, table, p.metadata, uri) for p in pieces]
+        widen: dict[str, pa.DataType] = {}
+        for _, wider in fitted:
+            for name, type_ in wider.items():
+                widen[name] = join(widen[name], type_) if name in widen else type_
+        if widen:  # the files hold wider values than the table: the table's columns widen first, once
+            needing = next(p.metadata for p, (_, w) in zip(pieces, fitted, strict=True) if w)
+            table = self._widen(table, widen, needing, uri, scratch)
+            fitted = [self._fit(p.rows, table, p.metadata, uri) for p in pieces]
+            if any(wider for _, wider in fitted):
+                raise RetryableUploadError(f"Delta merge into {uri}: the table's schema changed meanwhile",
+                                           reason=CONFLICT)
+        tagged = [rows.append_column(_FILE, pa.array([n] * rows.num_rows, pa.int32()))
+                  for n, (rows, _) in enumerate(fitted)]
+        return tagged[0] if len(tagged) == 1 else pa.concat_tables(unify(tagged))
+
+    def _merge(self, table: DeltaTable, rows: pa.Table, keys: Sequence[str], order: str | None,
                commit: CommitProperties) -> dict[str, Any]:
-        keys, order = metadata.primary_keys, metadata.order_column
-        for column in (*keys, *([order] if order else [])):
-            if column not in rows.column_names:
-                raise _refusal(metadata, self.settings.uri_for(metadata.topic),
-                               f"column {column!r} (a primary key or the order column) is missing from the file")
-        rows = latest_per_key(rows, keys, order)
+        rows = latest_per_key(rows, keys, order, file_column=_FILE).drop_columns([_FILE])
         on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in keys)
         newer = f"(t.{_q(order)} IS NULL OR s.{_q(order)} > t.{_q(order)})" if order else None
         merger = table.merge(rows, predicate=on, source_alias="s", target_alias="t", merge_schema=True,
@@ -365,13 +445,20 @@ class DeltaTarget:
 
 # --- rows -----------------------------------------------------------------------------------------
 
-def latest_per_key(rows: pa.Table, keys: Sequence[str], order: str | None) -> pa.Table:
+def latest_per_key(rows: pa.Table, keys: Sequence[str], order: str | None, file_column: str | None = None) -> pa.Table:
     """One row per key: the highest order value (nulls lose, ties keep the later row); without an
-    order column the last row of the key in the file, as if the rows were applied one by one."""
+    order column the last row of the key, as if the rows were applied one by one.
+
+    With `file_column` (the rows of several files, in order) the result is what applying the files one
+    after the other gives: a tie on the order column between files keeps the earlier file's row, since a
+    later file replaces a row only with a higher value."""
     if rows.num_rows <= 1:
         return rows
     ranked = rows.append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
-    sort = [(k, "ascending") for k in keys] + ([(order, "descending")] if order else []) + [(_ROW, "descending")]
+    sort = [(k, "ascending") for k in keys] + ([(order, "descending")] if order else [])
+    if order and file_column:
+        sort.append((file_column, "ascending"))
+    sort.append((_ROW, "descending"))
     ranked = ranked.take(pc.sort_indices(ranked, sort_keys=sort))
     first: pa.Array | None = None
     for key in keys:
@@ -421,25 +508,51 @@ def _lossless(column: pa.ChunkedArray, wanted: pa.DataType, convert: Any) -> pa.
 
 
 
+def _require_key_columns(rows: pa.Table, metadata: FileMetadata, uri: str) -> None:
+    keys, order = metadata.primary_keys, metadata.order_column
+    for column in (*keys, *([order] if keys and order else [])):
+        if column not in rows.column_names:
+            raise _refusal(metadata, uri, f"column {column!r} (a primary key or the order column) is missing "
+                                          "from the file")
+
+
+def _describe(files: Sequence[DeltaFile]) -> str:
+    if len(files) == 1:
+        return files[0].metadata.file_name()
+    return f"{len(files)} files ({files[0].metadata.file_name()} ... {files[-1].metadata.file_name()})"
+
+
 def _q(column: str) -> str:
     return "`" + column.replace("`", "``") + "`"
 
 
 # --- errors ---------------------------------------------------------------------------------------
 
-def _refusal(metadata: FileMetadata, uri: str, problem: str) -> FatalUploadError:
-    error = FatalUploadError(
-        f"Delta table {uri} refused {metadata.file_name()} (topic {metadata.topic}, partition "
-        f"{metadata.partition}, offsets {metadata.first_offset}-{metadata.last_offset}): {problem}. This will "
-        f"not be retried. {POLICY_SETTING}=park sets the file aside under SINK_PARKED_PATH, commits its offsets "
-        f"and continues; `fail` (the default) stops the service. To keep the column, write to a new table "
-        f"({TABLE_URI_SETTING}) or change the producer.",
-        reason=NARROWING, setting=POLICY_SETTING)
-    error.body = problem
-    return error
+class DeltaRefusal(FatalUploadError):
+    """The table cannot take these files' content (reason `delta_schema`): parked or fatal by policy.
+
+    `files` are the files concerned: the one that does not fit, or every file of a merge delta-rs refused
+    as a whole (the caller applies them one by one to find it)."""
+
+    def __init__(self, files: Sequence[FileMetadata], uri: str, problem: str) -> None:
+        first = files[0]
+        what = (f"{first.file_name()} (topic {first.topic}, partition {first.partition}, offsets "
+                f"{first.first_offset}-{first.last_offset})" if len(files) == 1
+                else f"a merge of {len(files)} files ({', '.join(f.file_name() for f in files)})")
+        super().__init__(
+            f"Delta table {uri} refused {what}: {problem}. This will not be retried. {POLICY_SETTING}=park sets "
+            f"the file aside under SINK_PARKED_PATH, commits its offsets and continues; `fail` (the default) "
+            f"stops the service. To keep the column, write to a new table ({TABLE_URI_SETTING}) or change the "
+            "producer.", reason=NARROWING, setting=POLICY_SETTING)
+        self.body = problem
+        self.files = list(files)
 
 
-def classify_error(exc: BaseException, *, what: str, metadata: FileMetadata) -> UploadError:
+def _refusal(metadata: FileMetadata, uri: str, problem: str) -> DeltaRefusal:
+    return DeltaRefusal([metadata], uri, problem)
+
+
+def classify_error(exc: BaseException, *, what: str, files: Sequence[FileMetadata]) -> UploadError:
     """Conflicts and store trouble retry; a schema the table cannot take and bad credentials need a person."""
     detail = f"{type(exc).__name__}: {error_text(exc)}"[:500]
     text = str(exc)
@@ -449,7 +562,7 @@ def classify_error(exc: BaseException, *, what: str, metadata: FileMetadata) -> 
     if certificate_failure(exc):  # an OSError from delta-rs, which is otherwise retried as I/O trouble
         return certificate_error(what, detail, ENDPOINT_URL_SETTING)
     if isinstance(exc, SchemaMismatchError) or "Cast error" in text or "Schema error" in text:
-        return _refusal(metadata, what.rsplit(" into ", 1)[-1], detail)
+        return DeltaRefusal(files, what.rsplit(" into ", 1)[-1], detail)
     if any(word in text for word in _FATAL_STORE_WORDS):
         return FatalUploadError(
             f"{what}: the store refused our credentials; this will not be retried. Check {CREDENTIALS_SETTING} "

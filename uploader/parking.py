@@ -95,10 +95,13 @@ class ParkingTarget:
         except FatalUploadError as exc:
             if not is_content_rejection(self.inner.name, exc):
                 raise
-            return self._park(path, metadata, exc, started)
+            return self.park(path, metadata, exc, started)
 
-    def _park(self, path: pathlib.Path, metadata: FileMetadata, rejection: FatalUploadError,
-              started: float) -> Receipt:
+    def park(self, path: pathlib.Path, metadata: FileMetadata, rejection: FatalUploadError,
+             started: float | None = None) -> Receipt:
+        """Set the file aside with the rejection beside it; also used by the driver for the Delta files it
+        merges (sink_service.driver.delta_batches)."""
+        started = time.monotonic() if started is None else started
         try:
             stored = self.parked.upload(path, metadata)
             self._store_sidecar(stored, {

@@ -87,6 +87,11 @@ class TargetSettings:
         "SINK_DELTA_HARD_DELETES", "With `SINK_TARGET=delta` and `SINK_TOMBSTONES=soft-delete`: a tombstone "
         "newer than the key's row deletes that row from the table instead of storing it with `_deleted=true`.",
         False, group="Target")
+    delta_merge_max_bytes: int = setting(
+        "SINK_DELTA_MERGE_MAX_BYTES", "The driver merges a micro-batch's staged files into the Delta table in "
+        "one commit per this many bytes of Parquet (a batch with more is applied in several commits, each "
+        "partition's files in offset order): it bounds the driver's memory, which holds the rows of one "
+        "commit, decoded, several times this size.", 256 * 1024 * 1024, minimum=1024 * 1024, group="Target")
     delta_compact_every_commits: int = setting(
         "SINK_DELTA_COMPACT_EVERY_COMMITS", "Table maintenance: the file whose merge commits a Delta version that "
         "is a multiple of this compacts the table's small files (`optimize.compact`, application transactions "

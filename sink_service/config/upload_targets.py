@@ -9,6 +9,7 @@ from __future__ import annotations
 from sink_service.config.settings import SinkConfig
 from sink_service.config.target import S3_URL_SCHEME
 from uploader.delta_settings import DeltaSettings
+from uploader.delta_staging import DeltaStagingSettings, DeltaStagingTarget
 from uploader.directory import DirectorySettings, DirectoryTarget
 from uploader.ems import EmsSettings, EmsTarget
 from uploader.parking import ParkingSettings, ParkingTarget
@@ -16,7 +17,7 @@ from uploader.retry import RetryPolicy
 from uploader.s3_settings import S3Settings
 from uploader.target import UploadTarget
 
-TargetSettings = EmsSettings | S3Settings | DirectorySettings | DeltaSettings | ParkingSettings
+TargetSettings = EmsSettings | S3Settings | DirectorySettings | DeltaSettings | DeltaStagingSettings | ParkingSettings
 
 
 def target_settings(config: SinkConfig) -> TargetSettings:
@@ -25,6 +26,14 @@ def target_settings(config: SinkConfig) -> TargetSettings:
     if config.rejected_file_policy != "park":
         return inner
     return ParkingSettings(inner=inner, parked=parked_settings(config, inner.retry))
+
+
+def task_target_settings(config: SinkConfig) -> TargetSettings:
+    """What the tasks upload to. A Delta target's tasks stage their files and the driver merges a
+    micro-batch's files in one commit, parking refused ones itself (sink_service.driver.delta_batches)."""
+    if config.target == "delta":
+        return DeltaStagingSettings(delta=_plain_settings(config))
+    return target_settings(config)
 
 
 def parked_settings(config: SinkConfig, retry: RetryPolicy) -> DirectorySettings | S3Settings:
@@ -97,6 +106,8 @@ def build_target(settings: TargetSettings) -> UploadTarget:
         return S3Target(settings)
     if isinstance(settings, DirectorySettings):
         return DirectoryTarget(settings)
+    if isinstance(settings, DeltaStagingSettings):
+        return DeltaStagingTarget(settings)
     if isinstance(settings, DeltaSettings):
         from uploader.delta import DeltaTarget  # deltalake only for a Delta target
 

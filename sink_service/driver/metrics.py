@@ -118,6 +118,10 @@ class SinkMetrics:
         self.parked_files = Counter(
             "sink_parked_files_total", "Files the endpoint rejected as bad content, parked under "
             "SINK_PARKED_PATH, by reason (http_400, http_413).", ("topic", "reason"), registry=r)
+        self.delta_merge_duration = Histogram(
+            "sink_delta_merge_duration_seconds", "Time the driver took to merge one commit's staged files into "
+            "the Delta table, retries included (SINK_TARGET=delta).",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120), registry=r)
         self.delta_maintenance = Counter(
             "sink_delta_maintenance_total", "Delta table maintenance steps run after a merge (compact, "
             "cleanup_metadata, vacuum), by result (ok, failed: retried at the next due version).",
@@ -174,10 +178,6 @@ class SinkMetrics:
             self.files_uploaded.labels(*labels).inc()
             self.bytes_uploaded.labels(*labels).inc(upload["bytes"])
             self.upload_duration.labels(target).observe(upload["duration_s"])
-            for step, result in (upload.get("maintenance") or {}).items():
-                if step in MAINTENANCE_STEPS:
-                    failed = isinstance(result, str) and result.startswith("failed")
-                    self.delta_maintenance.labels(step, "failed" if failed else "ok").inc()
         for reason, count in json.loads(row.retries).items():
             # Retries the live signals already counted while the task ran are not counted twice.
             self.upload_retries.labels(reason).inc(max(0, count - counted_live.get(reason, 0)))
@@ -187,6 +187,13 @@ class SinkMetrics:
             self.dead_letters.labels(row.topic, reason).inc(count)
         if row.failure_class:
             self.upload_failures.labels(row.failure_class).inc()
+
+    def record_delta_maintenance(self, maintenance: Mapping[str, object]) -> None:
+        """The steps a Delta merge's maintenance ran (uploader.delta_maintenance), by result."""
+        for step, result in maintenance.items():
+            if step in MAINTENANCE_STEPS:
+                failed = isinstance(result, str) and result.startswith("failed")
+                self.delta_maintenance.labels(step, "failed" if failed else "ok").inc()
 
     def record_commits(self, commits: Mapping[TP, int]) -> None:
         now = time.time()

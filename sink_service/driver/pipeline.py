@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaException
 from pyspark.sql import DataFrame, SparkSession
@@ -22,7 +23,12 @@ from pyspark.sql.streaming import StreamingQuery
 
 from sink_service.config import SinkConfig, transform_for
 from sink_service.config.decode_spec import decode_spec
-from sink_service.config.upload_targets import build_target, target_settings
+from sink_service.config.upload_targets import (
+    build_target,
+    parked_settings,
+    target_settings,
+    task_target_settings,
+)
 from sink_service.driver.backlog import BacklogProgress
 from sink_service.driver.health import Health
 from sink_service.driver.live_uploads import LiveUploads
@@ -39,8 +45,20 @@ from sink_service.kafka_source.offsets import KafkaOffsets
 from sink_service.kafka_source.planner_hints import PlannerHints
 from sink_service.kafka_source.positions import nest
 from sink_service.task.dead_letters import DeadLetterSpec
-from sink_service.task.partition_task import ERROR_PROCESSING, RESULT_SCHEMA_DDL, STATUS_FATAL, STATUS_OK, TaskSpec
+from sink_service.task.partition_task import (
+    ERROR_PROCESSING,
+    RESULT_SCHEMA_DDL,
+    STATUS_FATAL,
+    STATUS_OK,
+    STATUS_RETRYABLE,
+    TaskSpec,
+)
 from sink_service.task.upload_signals import NO_SIGNALS, SignalChannel, signal_url
+from uploader.errors import FatalUploadError, RetryableUploadError
+from uploader.parking import ParkingSettings, ParkingTarget
+
+if TYPE_CHECKING:
+    from sink_service.driver.delta_batches import DeltaBatches
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +104,7 @@ class Pipeline:
             signals = SignalChannel(signal_url(config.http_host, config.http_port, host), live_uploads.token)
         self.task_spec = TaskSpec(
             decode=decode_spec(config),
-            target_settings=target_settings(config),
+            target_settings=task_target_settings(config),
             build_target=build_target,
             table_template=config.ems_target_table or "{topic}",
             scratch_dir=str(scratch),
@@ -99,6 +117,20 @@ class Pipeline:
             dead_letters=DeadLetterSpec.of(config.dlq_topic, self.client_config) if config.dlq_topic else None,
             transform=transform_for(config),
         )
+
+        self.delta = self._delta_batches() if config.target == "delta" else None
+
+    def _delta_batches(self) -> DeltaBatches:
+        """The driver's half of a Delta target: tasks stage, the driver merges each batch in one commit."""
+        from sink_service.driver.delta_batches import DeltaBatches  # deltalake only for a Delta target
+
+        settings = target_settings(self.config)
+        parking = None
+        if isinstance(settings, ParkingSettings):
+            parking = ParkingTarget(build_target(settings.inner), parked_settings(self.config, settings.inner.retry))
+            settings = settings.inner
+        return DeltaBatches(settings, parking, Path(self.config.scratch_dir), self.config.delta_merge_max_bytes,
+                            self.metrics)
 
     def assignment_changed(self) -> bool:
         """The group moved partitions since the query started: it must restart on the new ones."""
@@ -121,6 +153,8 @@ class Pipeline:
         except CommitRefused as exc:
             raise KafkaException(f"start positions not committed, the group is rebalancing: {exc}") from exc
         self.health.update(broker_ok=True)
+        if self.delta is not None:
+            self.delta.clean(positions)
         self._commits = ContiguousCommits(positions)
         log.info("starting query at %s", {f"{t}:{p}": o for (t, p), o in sorted(positions.items())})
         self.live_uploads.clear()  # tasks of an earlier query are gone, whatever they last said
@@ -184,6 +218,7 @@ class Pipeline:
         ]
         moved = self._moved_elsewhere({o.tp for o in outcomes})
         commits, gaps = self._commits.advance([o for o in outcomes if o.tp not in moved])
+        staged = self._merge_into_delta(batch_id, rows, commits)
         try:
             self.membership.commit(commits, self._epoch)
         except CommitRefused as exc:
@@ -191,6 +226,8 @@ class Pipeline:
                         "restarting on the new assignment", batch_id, exc)
             raise BatchIncomplete(f"commit refused: {exc}") from exc
         self.metrics.record_commits(commits)
+        if self.delta is not None:
+            self.delta.release(staged)
         if commits:
             self.health.update(last_commit_at=time.time())
         records = sum(r.records_uploaded for r in rows)
@@ -228,6 +265,25 @@ class Pipeline:
             self.health.update(last_batch_ok=False, reason=self.failure)
             raise BatchIncomplete("; ".join(reasons + gaps))
         self.health.update(last_batch_ok=True, reason="")
+
+    def _merge_into_delta(self, batch_id: int, rows: list, commits: dict) -> list:
+        """Before Kafka's commit: the staged files it covers applied to the Delta table (nothing without one).
+
+        A failure fails the batch before anything is committed; the query restarts from Kafka's offsets."""
+        if self.delta is None or not commits:
+            return []
+        try:
+            return self.delta.merge(rows, commits)
+        except RetryableUploadError as exc:
+            self.failure = f"batch {batch_id}: merging into the Delta table failed: {exc}"
+            self.health.update(last_batch_ok=False, reason=self.failure)
+            self.metrics.upload_failures.labels(STATUS_RETRYABLE).inc()
+            log.error("batch %d: %s; nothing committed, replaying", batch_id, self.failure)
+            raise BatchIncomplete(self.failure) from exc
+        except FatalUploadError as exc:
+            self.fatal_error = f"merging into the Delta table: {exc}"
+            self.metrics.upload_failures.labels(STATUS_FATAL).inc()
+            raise FatalPipelineError(self.fatal_error) from exc
 
     def _moved_elsewhere(self, tps: set[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
         """Partitions whose committed offset differs from the one this service last committed.

@@ -227,7 +227,10 @@ class _RangeProcessor:
             "duration_s": round(receipt.duration_s, 3),
             "response_id": receipt.response_id,
             "location": receipt.location,
-            "maintenance": receipt.details.get("maintenance"),  # Delta: the table maintenance this upload ran
+            # What the driver needs to apply a staged file itself (a Delta table: driver.delta_batches).
+            "primary_keys": list(metadata.primary_keys),
+            "order_column": metadata.order_column,
+            "schema_fingerprint": metadata.schema_fingerprint,
         })
 
     def _count_retry(self, error: RetryableUploadError, _attempt: int, _wait_s: float) -> None:

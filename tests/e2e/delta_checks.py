@@ -30,7 +30,7 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from devkit.kafka_data import Workload
-from uploader.delta import META_APP_ID, META_APPLIED_FROM, META_FILE, META_FIRST, META_LAST
+from uploader.delta import applied_files
 from uploader.delta_settings import APP_ID_PREFIX
 
 FIELDS = ("version", "status", "amount", "customer", "note")
@@ -223,13 +223,12 @@ def applications(log: list[tuple[int, list[dict]]], group: str, topic: str) -> A
     cut = 0
     for _, actions in log:
         for action in actions:
-            info = action.get("commitInfo", {})
-            app_id = info.get(META_APP_ID, "")
-            if app_id.startswith(prefix):
-                partition = int(app_id.removeprefix(prefix))
-                ranges[partition].append((int(info[META_APPLIED_FROM]), int(info[META_LAST])))
-                files.append(info[META_FILE])
-                cut += info[META_APPLIED_FROM] != info[META_FIRST]
+            for applied in applied_files(action.get("commitInfo", {})):
+                if applied["app_id"].startswith(prefix):
+                    partition = int(applied["app_id"].removeprefix(prefix))
+                    ranges[partition].append((applied["applied_from"], applied["last_offset"]))
+                    files.append(applied["file"])
+                    cut += applied["applied_from"] != applied["first_offset"]
             txn = action.get("txn", {})
             if txn.get("appId", "").startswith(prefix):
                 partition = int(txn["appId"].removeprefix(prefix))

@@ -25,7 +25,7 @@ from deltalake import DeltaTable
 from sink_service.config import ConfigError, load_config
 from sink_service.config.upload_targets import build_target, target_settings
 from tests.support.uploader_fixtures import metadata_builder
-from uploader.delta import CONFLICT, META_FILE, META_WIDENED, NARROWING, DeltaTarget
+from uploader.delta import CONFLICT, META_WIDENED, NARROWING, DeltaFile, DeltaRefusal, DeltaTarget, applied_files
 from uploader.delta_settings import DeltaSettings
 from uploader.directory import DirectorySettings
 from uploader.errors import FatalUploadError
@@ -70,21 +70,25 @@ class Place:
         table = pa.concat_tables(parts, promote_options="permissive")
         return {r["id"]: r for r in table.to_pylist()}
 
-    def applications(self) -> Counter:
-        """How many commits applied each file, from the table's history.
+    def commit_infos(self) -> list[dict]:
+        """Every commit's info, oldest first.
 
         On moto, delta-rs's `history()` hangs in its log listing (the target never lists the log that way),
         so there the commits' `commitInfo` is read from `_delta_log/*.json` itself: the same records."""
         if self.fs is None:
-            return Counter(c[META_FILE] for c in self.table().history() if META_FILE in c)
+            return list(reversed(self.table().history()))
         log = self.uri.replace("{topic}", "orders").removeprefix("s3://") + "/_delta_log"
         infos = []
-        for info in self.fs.get_file_info(pafs.FileSelector(log)):
+        for info in sorted(self.fs.get_file_info(pafs.FileSelector(log)), key=lambda i: i.path):
             if info.path.endswith(".json"):
                 with self.fs.open_input_stream(info.path) as stream:
                     lines = stream.read().decode().splitlines()
                 infos += [action["commitInfo"] for action in map(json.loads, lines) if "commitInfo" in action]
-        return Counter(c[META_FILE] for c in infos if META_FILE in c)
+        return infos
+
+    def applications(self) -> Counter:
+        """How many commits applied each file."""
+        return Counter(f["file"] for c in self.commit_infos() for f in applied_files(c))
 
 
 @pytest.fixture(params=["dir", "s3"])
@@ -415,3 +419,91 @@ def test_the_service_configuration_builds_a_delta_target(monkeypatch, tmp_path):
         load_config({**env, "SINK_DELTA_TABLE_URI": ""})
     with pytest.raises(ConfigError, match="SINK_DELTA_HARD_DELETES=true needs SINK_TOMBSTONES=soft-delete"):
         load_config({**env, "SINK_DELTA_HARD_DELETES": "true"})
+
+
+# --- several files in one commit (DeltaTarget.merge, as the driver merges a micro-batch) -----------------
+
+FILES = [  # (partition, rows): partition 0 in two files, partition 1 in one; keys cross partitions
+    (0, [row(1, 0), row(2, 1), row(1, 2, "PAID")]),
+    (1, [row(3, 0), row(1, 1, "OTHER"), row(4, 2)]),
+    (0, [row(2, 3, "SHIPPED"), row(3, 4, deleted=True), row(5, 5)]),
+]
+
+
+def _files(parquet, files) -> list[DeltaFile]:
+    return [DeltaFile(parquet(rows), span(rows, partition)) for partition, rows in files]
+
+
+def test_one_commit_applies_every_file_as_one_at_a_time_would(place, parquet, tmp_path):
+    details, attempts = place.target().merge(_files(parquet, FILES))
+
+    assert attempts == 1
+    history = [c for c in place.commit_infos() if applied_files(c)]
+    assert len(history) == 1, "one commit for the whole batch"
+    assert [f["file"] for f in applied_files(history[0])] == [span(r, p).file_name() for p, r in FILES]
+    assert place.table().transaction_version("kafka-parquet-sink/g1/orders/0") == 6
+    assert place.table().transaction_version("kafka-parquet-sink/g1/orders/1") == 3
+    assert details["committed_version"] == place.table().version()
+
+    one_by_one = type(place)(str(tmp_path / "one" / "{topic}"), type(place.settings)(
+        table_uri=str(tmp_path / "one" / "{topic}"), group_id="g1"), None, None)
+    target = one_by_one.target()
+    for partition, rows in FILES:
+        target.upload(parquet(rows), span(rows, partition))
+    assert place.rows() == one_by_one.rows()
+    assert place.rows_from_files() == one_by_one.rows()
+
+
+def test_a_tie_on_the_order_column_keeps_the_earlier_file_as_one_at_a_time_would(place, parquet):
+    # Two partitions carry key 7 with the same order value: applied one by one, the later file does not
+    # replace the row (a row replaces only with a higher value); within one file the later row wins.
+    files = [(0, [row(7, 5, "FIRST"), row(7, 5, "FIRST-LATER-ROW")]), (1, [row(7, 5, "SECOND")])]
+    place.target().merge(_files(parquet, files))
+    assert place.rows()[7]["status"] == "FIRST-LATER-ROW"
+
+
+def test_files_the_table_holds_are_skipped_and_an_overlap_is_cut(place, parquet):
+    target = place.target()
+    target.upload(parquet([row(1, 0), row(2, 1)]), span([row(1, 0), row(2, 1)]))
+    replay = [(0, [row(1, 0), row(2, 1)]),  # held: skipped
+              (0, [row(2, 1), row(3, 2, "NEW")]),  # overlaps: only offset 2
+              (1, [row(9, 0)])]
+    details, _ = place.target().merge(_files(parquet, replay))
+
+    assert details["skipped_files"] == [span(replay[0][1]).file_name()]
+    applied = {f["file"]: f for f in details["applied"]}
+    assert applied[span(replay[1][1]).file_name()]["applied_from"] == 2
+    assert place.rows() == {1: row(1, 0), 2: row(2, 1), 3: row(3, 2, "NEW"), 9: row(9, 0)}
+    assert set(place.applications().values()) == {1}
+
+
+def test_a_file_that_does_not_fit_is_named_alone_and_nothing_is_committed(place, parquet):
+    target = place.target()
+    target.upload(parquet([row(1, 0)]), span([row(1, 0)]))
+    version = place.table().version()
+    texty = pa.schema([f.with_type(pa.string()) if f.name == "amount" else f for f in SCHEMA])
+    bad = [{**row(3, 1), "amount": "a lot"}]
+    files = [DeltaFile(parquet([row(2, 0)]), span([row(2, 0)], 1)), DeltaFile(parquet(bad, texty), span(bad))]
+
+    with pytest.raises(DeltaRefusal) as refused:
+        target.merge(files)
+
+    assert refused.value.reason == NARROWING
+    assert refused.value.files == [span(bad)]
+    assert "partition 0, offsets 1-1" in str(refused.value)
+    assert place.table().version() == version
+
+
+def test_a_wider_column_in_one_file_and_a_new_one_in_two_types_widen_once(place, parquet):
+    target = place.target()
+    target.upload(parquet([row(1, 0)]), span([row(1, 0)]))
+    longs = pa.schema([*SCHEMA, ("qty", pa.int64())])
+    doubles = pa.schema([*(f.with_type(pa.float64()) if f.name == "id" else f for f in SCHEMA),
+                         ("qty", pa.float64())])
+    a = [{**row(2, 1), "qty": 3}]
+    b = [{**row(3, 0), "id": 3.0, "qty": 2.5}]
+    target.merge([DeltaFile(parquet(a, longs), span(a)), DeltaFile(parquet(b, doubles), span(b, 1))])
+
+    schema = pa.schema(place.table().schema().to_arrow())
+    assert pa.types.is_floating(schema.field("id").type) and pa.types.is_floating(schema.field("qty").type)
+    assert {k: r["qty"] for k, r in place.rows().items()} == {1.0: None, 2.0: 3.0, 3.0: 2.5}

@@ -1,0 +1,199 @@
+"""Driver side of the Delta target: a micro-batch's staged files merged into each table in one commit.
+
+Tasks stage their closed files beside the table (uploader.delta_staging) and report them in their outcome
+rows. After the batch and before the Kafka commit, `merge` applies per table the files below each
+partition's new commit position, i.e. the contiguous run that commit covers (a file past a failed range
+waits for the replay: applying it would record progress over offsets the table lacks). One commit takes
+the latest row per key across them and every partition's progress as its application transaction
+(uploader.delta.DeltaTarget.merge, which skips and trims what the table holds and retries conflicts).
+Only then are the offsets committed to Kafka and the staged files deleted.
+
+Why the driver: per-file merges from tasks conflict with each other (a conflict throws a whole merge
+away, and one instance's task workers already collide at 0.46 conflicts per commit) and each rewrites
+the table's touched files; bench/README has the numbers.
+
+A file the table refuses (`delta_schema`) is parked under SINK_PARKED_PATH when the policy is `park` and
+the others are merged without it; under `fail` the service stops with nothing of the batch committed.
+When delta-rs refuses a merge of several files as a whole, they are applied one at a time to find it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from itertools import zip_longest
+from pathlib import Path
+
+from sink_service.driver.metrics import SinkMetrics
+from sink_service.driver.offset_commit import TP
+from uploader.delta import DeltaFile, DeltaRefusal, DeltaTarget
+from uploader.delta_settings import DeltaSettings
+from uploader.delta_staging import DeltaStagingSettings, DeltaStagingTarget
+from uploader.errors import RetryableUploadError
+from uploader.parking import ParkingTarget
+from uploader.target import FileMetadata
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StagedUpload:
+    """A file a task staged: where it is and what it holds."""
+
+    location: str
+    metadata: FileMetadata
+    bytes: int
+
+
+class DeltaBatches:
+    def __init__(self, settings: DeltaSettings, parking: ParkingTarget | None, scratch: Path, max_bytes: int,
+                 metrics: SinkMetrics) -> None:
+        self.settings = settings
+        self.target = DeltaTarget(settings)
+        self.staging = DeltaStagingTarget(DeltaStagingSettings(settings))
+        self.parking = parking  # None: SINK_REJECTED_FILE_POLICY=fail
+        self.scratch = scratch / "delta-merge"  # downloads of files staged on S3
+        self.max_bytes = max_bytes
+        self.metrics = metrics
+
+    def merge(self, rows: Iterable, commits: dict[TP, int]) -> list[StagedUpload]:
+        """Apply the staged files the new commit positions cover; the files, to delete after the Kafka commit.
+
+        Raises RetryableUploadError when a merge ran out of its retries (nothing may be committed; the
+        replay re-stages and the table's transactions skip what it holds) and FatalUploadError for what a
+        person must fix, a refused file under the `fail` policy included."""
+        staged = covered_uploads(rows, commits)
+        for group in merge_groups(staged, self.settings, self.max_bytes):
+            self._apply(group)
+        return staged
+
+    def release(self, staged: list[StagedUpload]) -> None:
+        """Delete merged staged files once Kafka holds their offsets; a leftover is cleaned at the next start."""
+        by_topic: dict[str, list[str]] = defaultdict(list)
+        for upload in staged:
+            by_topic[upload.metadata.topic].append(upload.location)
+        for topic, locations in by_topic.items():
+            try:
+                self.staging.area(topic).delete(locations)
+            except Exception as exc:  # never fails a batch: the data is in the table and in Kafka's commit
+                log.warning("could not delete %d staged file(s) of topic %s (deleted at the next start): %s",
+                            len(locations), topic, exc)
+
+    def clean(self, partitions: Iterable[TP]) -> None:
+        """Delete staged files the table already holds: leftovers of failed batches and of crashes."""
+        for topic, partition in sorted(partitions):
+            try:
+                covered = self.target.covered_to(topic, partition)
+                if covered is None:
+                    continue
+                area = self.staging.area(topic)
+                done = [s.location for s in area.listed(topic, partition) if s.last_offset < covered]
+                if done:
+                    area.delete(done)
+                    log.info("topic=%s partition=%d: deleted %d staged file(s) the Delta table already holds",
+                             topic, partition, len(done))
+            except Exception as exc:
+                log.warning("topic=%s partition=%d: could not clean staged files (tried again at the next "
+                            "start): %s", topic, partition, exc)
+
+    def close(self) -> None:
+        self.target.close()
+        self.staging.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def _apply(self, group: list[StagedUpload]) -> None:
+        started = time.monotonic()
+        files = [DeltaFile(self._local(upload), upload.metadata) for upload in group]
+        try:
+            details, attempts = self.target.merge(files, on_retry=self._count_retry)
+        except DeltaRefusal as refusal:
+            if len(refusal.files) > 1:  # delta-rs refused the merge as a whole: find the file one by one
+                for upload in group:
+                    self._apply([upload])
+                return
+            if self.parking is None:
+                raise
+            refused = refusal.files[0]
+            self._park(next(f for f in files if f.metadata == refused), refusal)
+            rest = [upload for upload in group if upload.metadata != refused]
+            if rest:
+                self._apply(rest)
+            return
+        finally:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        duration = time.monotonic() - started
+        self.metrics.delta_merge_duration.observe(duration)
+        self.metrics.record_delta_maintenance(details.get("maintenance") or {})
+        applied = details.get("applied", [])
+        log.info("merged %d staged file(s) (%d skipped as held already) into %s as version %s in %.2fs, "
+                 "%d attempt(s): %s", len(applied), len(details.get("skipped_files", [])),
+                 self.settings.uri_for(group[0].metadata.topic), details.get("version"), duration, attempts,
+                 {k: v for k, v in details.items() if k.startswith("num_")} or "nothing changed",
+                 extra={"fields": {"event": "delta_merge", "files": len(applied), "version": details.get("version"),
+                                   "attempts": attempts, "duration_s": round(duration, 3)}})
+
+    def _local(self, upload: StagedUpload) -> Path:
+        try:
+            return self.staging.area(upload.metadata.topic).local_copy(upload.location, self.scratch)
+        except FileNotFoundError as exc:  # another member merged it and deleted it; the replay re-stages
+            raise RetryableUploadError(f"staged file {upload.location} is gone: {exc}", reason="delta_staging") from exc
+
+    def _park(self, file: DeltaFile, refusal: DeltaRefusal) -> None:
+        assert self.parking is not None
+        receipt = self.parking.park(file.path, file.metadata, refusal)
+        self.metrics.parked_files.labels(file.metadata.topic, refusal.reason).inc()
+        m = file.metadata
+        log.error("file rejected and parked topic=%s partition=%d offsets=%d-%d reason=%s parked_at=%s: %s",
+                  m.topic, m.partition, m.first_offset, m.last_offset, refusal.reason, receipt.location, refusal)
+
+    def _count_retry(self, error: RetryableUploadError, _attempt: int, _wait_s: float) -> None:
+        self.metrics.upload_retries.labels(error.reason).inc()
+        log.warning("Delta merge retried: %s", error)
+
+
+def covered_uploads(rows: Iterable, commits: dict[TP, int]) -> list[StagedUpload]:
+    """The staged files below each partition's new commit position, per partition in offset order."""
+    staged = []
+    for row in rows:
+        end = commits.get((row.topic, row.partition))
+        if end is None:
+            continue
+        for upload in json.loads(row.files):
+            if upload.get("parked") or upload["last_offset"] >= end:
+                continue
+            staged.append(StagedUpload(upload["location"], FileMetadata(
+                topic=row.topic, partition=row.partition, first_offset=upload["first_offset"],
+                last_offset=upload["last_offset"], record_count=upload["records"], target_table="",
+                primary_keys=tuple(upload["primary_keys"]), order_column=upload["order_column"],
+                schema_fingerprint=upload["schema_fingerprint"]), upload["bytes"]))
+    return sorted(staged, key=lambda s: (s.metadata.topic, s.metadata.partition, s.metadata.first_offset))
+
+
+def merge_groups(staged: list[StagedUpload], settings: DeltaSettings, max_bytes: int) -> list[list[StagedUpload]]:
+    """One merge per table and key definition, cut where it would pass `max_bytes`; files are taken in
+    turns across partitions, so each partition's files stay in offset order across the cuts."""
+    tables: dict[tuple, dict[TP, list[StagedUpload]]] = defaultdict(lambda: defaultdict(list))
+    for upload in staged:
+        m = upload.metadata
+        tables[(settings.uri_for(m.topic), m.primary_keys, m.order_column)][(m.topic, m.partition)].append(upload)
+    groups: list[list[StagedUpload]] = []
+    for partitions in tables.values():
+        group: list[StagedUpload] = []
+        size = 0
+        for turn in zip_longest(*partitions.values()):
+            for upload in turn:
+                if upload is None:
+                    continue
+                if group and size + upload.bytes > max_bytes:
+                    groups.append(group)
+                    group, size = [], 0
+                group.append(upload)
+                size += upload.bytes
+        if group:
+            groups.append(group)
+    return groups
