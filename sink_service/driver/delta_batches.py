@@ -33,7 +33,7 @@ from sink_service.driver.metrics import SinkMetrics
 from sink_service.driver.offset_commit import TP
 from uploader.delta import DeltaFile, DeltaRefusal, DeltaTarget
 from uploader.delta_settings import DeltaSettings
-from uploader.delta_staging import DeltaStagingSettings, DeltaStagingTarget
+from uploader.delta_staging import DeltaStagingSettings, DeltaStagingTarget, StagedFile
 from uploader.errors import RetryableUploadError
 from uploader.parking import ParkingTarget
 from uploader.target import FileMetadata
@@ -60,6 +60,7 @@ class DeltaBatches:
         self.scratch = scratch / "delta-merge"  # downloads of files staged on S3
         self.max_bytes = max_bytes
         self.metrics = metrics
+        self._leftovers: dict[TP, list[StagedFile]] = {}  # found at the query's start, not yet passed
 
     def merge(self, rows: Iterable, commits: dict[TP, int]) -> list[StagedUpload]:
         """Apply the staged files the new commit positions cover; the files, to delete after the Kafka commit.
@@ -72,31 +73,39 @@ class DeltaBatches:
             self._apply(group)
         return staged
 
-    def release(self, staged: list[StagedUpload]) -> None:
-        """Delete merged staged files once Kafka holds their offsets; a leftover is cleaned at the next start."""
-        by_topic: dict[str, list[str]] = defaultdict(list)
+    def release(self, staged: list[StagedUpload], commits: dict[TP, int]) -> None:
+        """Once Kafka holds the offsets: delete the batch's merged files, and the leftovers found at the query's
+        start that the commits now pass (staged by a batch that failed or crashed, under other boundaries)."""
+        done: dict[str, list[str]] = defaultdict(list)
         for upload in staged:
-            by_topic[upload.metadata.topic].append(upload.location)
-        for topic, locations in by_topic.items():
+            done[upload.metadata.topic].append(upload.location)
+        for tp, position in commits.items():
+            passed = [s for s in self._leftovers.get(tp, []) if s.last_offset < position]
+            if passed:
+                done[tp[0]] += [s.location for s in passed]
+                self._leftovers[tp] = [s for s in self._leftovers[tp] if s.last_offset >= position]
+        for topic, locations in done.items():
             try:
                 self.staging.area(topic).delete(locations)
             except Exception as exc:  # never fails a batch: the data is in the table and in Kafka's commit
                 log.warning("could not delete %d staged file(s) of topic %s (deleted at the next start): %s",
                             len(locations), topic, exc)
 
-    def clean(self, partitions: Iterable[TP]) -> None:
-        """Delete staged files the table already holds: leftovers of failed batches and of crashes."""
-        for topic, partition in sorted(partitions):
+    def clean(self, positions: dict[TP, int]) -> None:
+        """At a query's start: delete staged files the table or Kafka's commit already passed, and remember the
+        others (a crashed batch's, which this query stages again, maybe cut differently) for `release`."""
+        self._leftovers = {}
+        for (topic, partition), position in sorted(positions.items()):
             try:
-                covered = self.target.covered_to(topic, partition)
-                if covered is None:
-                    continue
+                covered = max(position, self.target.covered_to(topic, partition) or 0)
                 area = self.staging.area(topic)
-                done = [s.location for s in area.listed(topic, partition) if s.last_offset < covered]
+                listed = area.listed(topic, partition)
+                done = [s.location for s in listed if s.last_offset < covered]
+                self._leftovers[(topic, partition)] = [s for s in listed if s.last_offset >= covered]
                 if done:
                     area.delete(done)
-                    log.info("topic=%s partition=%d: deleted %d staged file(s) the Delta table already holds",
-                             topic, partition, len(done))
+                    log.info("topic=%s partition=%d: deleted %d staged file(s) below offset %d", topic, partition,
+                             len(done), covered)
             except Exception as exc:
                 log.warning("topic=%s partition=%d: could not clean staged files (tried again at the next "
                             "start): %s", topic, partition, exc)

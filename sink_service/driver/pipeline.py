@@ -227,7 +227,7 @@ class Pipeline:
             raise BatchIncomplete(f"commit refused: {exc}") from exc
         self.metrics.record_commits(commits)
         if self.delta is not None:
-            self.delta.release(staged)
+            self.delta.release(staged, commits)
         if commits:
             self.health.update(last_commit_at=time.time())
         records = sum(r.records_uploaded for r in rows)

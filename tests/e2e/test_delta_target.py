@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from deltalake.exceptions import TableNotFoundError
 
 from devkit.kafka_data import Workload, committed_offsets, create_topics, end_offsets
 from devkit.service_process import wait_until
@@ -38,7 +39,8 @@ from tests.e2e.delta_checks import (
     produce_orders_with_deletes,
 )
 from uploader.delta import DeltaTarget
-from uploader.delta_settings import DeltaSettings
+from uploader.delta_settings import APP_ID_PREFIX, DeltaSettings
+from uploader.delta_staging import STAGING_DIR
 from uploader.target import FileMetadata
 
 pytestmark = pytest.mark.e2e
@@ -172,6 +174,72 @@ def test_two_instances_of_one_group_write_one_s3_table_exactly_once(
           f"/metrics), files skipped as already applied: {count_in_logs(logs, SKIPPED)}; batches a/b/b again "
           f"{batches(first)}/{batches(second)}/{batches(restarted)}; assignments {moved}; "
           f"{time.monotonic() - started:.0f}s")
+
+
+def test_kill_minus_nine_after_staging_before_the_merge_then_after_the_merge_loses_and_repeats_nothing(
+        bootstrap, tmp_path, unique, service_env, services, request):
+    """The two moments the driver's merge adds, hit on purpose on a directory table: kill -9 while a batch's
+    files are staged but not merged (the table must not hold them: proved after the kill), then kill -9 as
+    soon as a merge commit appears (the table may now be ahead of Kafka). The restarted service stages the
+    ranges again; the table ends exact, every offset applied once, and no staged file is left behind."""
+    started = time.monotonic()
+    topic, group = unique("deltastage"), unique("group")
+    create_topics(bootstrap, {topic: PARTITIONS})
+    workload = Workload()
+    produce_orders_with_deletes(bootstrap, topic, keys=3000, updates=4, workload=workload)
+    where = _location("dir", tmp_path, request, unique)
+    location = DeltaLocation(where.uri.replace("{topic}", topic), None)
+    env = _delta_env(service_env, topic, group, where, SINK_FLUSH_RECORDS=700, SINK_MAX_FILES_PER_BATCH=2,
+                     SINK_FLUSH_INTERVAL_MS=1000, **delete_env(False))
+    staging = Path(location.uri) / STAGING_DIR
+    log_dir = Path(location.uri) / "_delta_log"
+
+    def staged() -> list[Path]:
+        return [p for p in staging.rglob("*.parquet") if not p.name.startswith(".")]
+
+    def merges() -> int:
+        return len(list(log_dir.glob("*.json"))) if log_dir.exists() else 0
+
+    first = services(env)
+    wait_until(lambda: staged(), 120, "a staged file", interval_s=0.01, process=first)
+    first.kill9()
+    in_window = [p for p in staged() if _not_applied(location, group, topic, p)]
+    assert in_window, f"the kill came after the merge of {staged()}: no staged-but-unmerged file to prove"
+
+    second = services(env)
+    before = merges()
+    wait_until(lambda: merges() > before, 120, "a merge commit", interval_s=0.01, process=second)
+    second.kill9()
+    table_ahead = {p: v for p, v in _transactions(location, group, topic).items()
+                   if v > committed_offsets(bootstrap, group, topic, PARTITIONS).get(p, 0)}
+
+    third = services(env)
+    wait_until(lambda: all_committed(bootstrap, group, topic, PARTITIONS), 180, "all commits", process=third)
+    assert third.terminate() == 0
+
+    found = check_table(location, workload, topic, group, end_offsets(bootstrap, topic, PARTITIONS),
+                        hard_deletes=False)
+    assert staged() == [], f"staged files left behind: {staged()}"
+    logs = [first.log_path, second.log_path, third.log_path]
+    print(f"delta staging kills: {len(in_window)} staged file(s) unmerged at the first kill; partitions with the "
+          f"table ahead of Kafka at the second: {table_ahead or 'none'}; {found.applications} applications in "
+          f"{found.commits} commits, duplicates {found.duplicates()}; files skipped as already applied: "
+          f"{count_in_logs(logs, SKIPPED)}; {time.monotonic() - started:.0f}s")
+
+
+def _transactions(location: DeltaLocation, group: str, topic: str) -> dict[int, int]:
+    try:
+        table = location.deltalake()
+    except TableNotFoundError:
+        return {}
+    found = {p: table.transaction_version(f"{APP_ID_PREFIX}/{group}/{topic}/{p}") for p in range(PARTITIONS)}
+    return {p: v for p, v in found.items() if v is not None}
+
+
+def _not_applied(location: DeltaLocation, group: str, topic: str, staged: Path) -> bool:
+    """The staged file's range is not in the table (its name is `<first>-<last>.parquet` under its partition)."""
+    partition, last = int(staged.parent.name), int(staged.stem.split("-")[1])
+    return _transactions(location, group, topic).get(partition, 0) <= last
 
 
 def _apply_head_by_hand(bootstrap: str, topic: str, group: str, location: DeltaLocation, tmp_path: Path,
