@@ -1,8 +1,13 @@
-"""Delta Lake target: each closed file is merged into a Delta table (delta-rs, no JVM), exactly once.
+"""Delta Lake target: closed files merged into a Delta table (delta-rs, no JVM), exactly once.
+
+`merge` applies several files of one table in one commit; the service's driver calls it once per
+micro-batch and table with the files its tasks staged (sink_service.driver.delta_batches); `upload` is a
+merge of one file (`python -m uploader push`).
 
 Upsert semantics are EMS's (`duplicateRemovalOrderColumn`), applied here:
-- the file's rows are first reduced to the latest row per primary key (highest order value; without an
-  order column the last in the file), because a merge needs unique source keys;
+- the files' rows are first reduced to the latest row per primary key (highest order value; without an
+  order column the last row, files in the order given), because a merge needs unique source keys; a tie
+  on the order column between two files keeps the earlier file's row, as applying them one by one would;
 - `MERGE ... ON t.k = s.k`: a source row replaces the table's row only when the table's order value
   is NULL or lower, so an older file applied late (or a replay) never moves a key back;
 - rows carry `_deleted` under `SINK_TOMBSTONES=soft-delete` and are stored like any row (soft delete);
@@ -10,30 +15,32 @@ Upsert semantics are EMS's (`duplicateRemovalOrderColumn`), applied here:
   deleted key not in the table is not inserted;
 - without primary keys the rows are appended, as EMS appends them.
 
-Exactly once. The file's partition progress rides in the same Delta commit as its rows: an application
+Exactly once. Each partition's progress rides in the same Delta commit as its rows: an application
 transaction `(app_id, version)` with app_id `kafka-parquet-sink/<group>/<topic>/<partition>` and
-version `last offset + 1`. Before merging, the target reads `DeltaTable.transaction_version(app_id)`
-from the newest snapshot: a file the table already covers is skipped (a replay after a crash, or the
-table ahead of Kafka's committed offsets), and a file that overlaps the covered range is applied only
-from the covered end on (by its `_offset` column). Commits are made with `max_commit_retries=0`:
-delta-rs writes the next log entry put-if-absent (local file systems and S3's conditional writes), so
-any commit that lands between our read and our commit fails ours, and the retry re-reads the table and
-checks the transaction again. A conflict is never resolved by delta-rs behind our back, which is what
-makes "never applied twice" hold for two writers on one partition too (a zombie after a rebalance).
-A conflict is a RetryableUploadError with reason `delta_conflict` (counted per reason like every retry).
+version `last offset + 1` of its last file in the commit. Before merging, the target reads
+`DeltaTable.transaction_version(app_id)` from the newest snapshot: a file the table already covers is
+skipped (a replay after a crash, or the table ahead of Kafka's committed offsets), and a file that
+overlaps the covered range is applied only from the covered end on (by its `_offset` column). Commits
+are made with `max_commit_retries=0`: delta-rs writes the next log entry put-if-absent (local file
+systems and S3's conditional writes), so any commit that lands between our read and our commit fails
+ours, and the retry re-reads the table and checks the transactions again. A conflict is never resolved
+by delta-rs behind our back, which is what makes "never applied twice" hold for two writers on one
+partition too (a zombie after a rebalance). A conflict is a RetryableUploadError with reason
+`delta_conflict` (counted per reason like every retry).
 
 Schema evolution follows the decode lattice (uploader.column_types). A file column narrower
 than the table's is converted up by us where every value stays exact (an int into a double column). A
 file column wider than the table's (a double for a long column) widens the table: one overwrite commit
-rewrites the table's rows with the column converted by the lattice, then the merge proceeds; a conflict
-with another writer is the retried `delta_conflict`, and application transactions are log state the
-rewrite keeps. Widening into text (a string for a long column) needs SINK_DELTA_WIDEN_TO_STRING=true: one
-dirty value would otherwise turn a numeric column into text for good. What cannot widen (that, a partition
-column, nested or temporal types a safe cast refuses) is a FatalUploadError with reason `delta_schema`,
-naming topic, partition, offsets and column: a content rejection, parked under
-SINK_REJECTED_FILE_POLICY=park like an EMS 400. Nothing reaches delta-rs's own cast, which truncates (9.5
-into an int column is 9). New columns are added (`merge_schema`); a column the table holds but the file
-lacks is NULL in rows the file inserts or replaces.
+rewrites the table's rows with the column converted by the lattice (once for all files of a merge), then
+the merge proceeds; a conflict with another writer is the retried `delta_conflict`, and application
+transactions are log state the rewrite keeps. Widening into text (a string for a long column) needs
+SINK_DELTA_WIDEN_TO_STRING=true: one dirty value would otherwise turn a numeric column into text for good.
+What cannot widen (that, a partition column, nested or temporal types a safe cast refuses) is a
+DeltaRefusal (reason `delta_schema`) naming topic, partition, offsets and column and carrying the file: a
+content rejection, parked under SINK_REJECTED_FILE_POLICY=park like an EMS 400. Nothing reaches
+delta-rs's own cast, which truncates (9.5 into an int column is 9). New columns are added
+(`merge_schema`; two files with one new column in two types are unified by the lattice); a column the
+table holds but a file lacks is NULL in rows that file inserts or replaces.
 
 Maintenance (compaction, log cleanup, vacuum) runs after a commit on a version multiple: delta_maintenance.
 """

@@ -1,13 +1,12 @@
 """Table maintenance for the Delta target: compaction, log cleanup and vacuum, never at an upload's expense.
 
-Where it runs. In the Spark task whose merge commit lands on a version that is a multiple of
+Where it runs. In the writer whose merge commit lands on a version that is a multiple of
 `SINK_DELTA_COMPACT_EVERY_COMMITS` (vacuum: of `SINK_DELTA_VACUUM_EVERY_COMMITS`), right after that
-merge, in the same worker. Merges commit with `max_commit_retries=0`, so every table version is written
-by exactly one writer: across all tasks, partitions and instances of a group (and other groups writing
-the same table) exactly one of them owns each multiple, with no coordination, no timer and no extra
-state. The driver never needs deltalake or the table's credentials, a cluster needs nothing new, and
-the `uploader push` CLI maintains the table the same way. The price: that one file's upload takes the
-maintenance's time (measured in bench notes of the report: ~0.1-0.5 s for 100 small files).
+merge: the service's driver after a micro-batch's merge, or the `uploader push` CLI. Merges commit with
+`max_commit_retries=0`, so every table version is written by exactly one writer: across all instances of
+a group (and other groups writing the same table) exactly one of them owns each multiple, with no
+coordination, no timer and no extra state. The price: that one batch takes the maintenance's time
+(measured in bench notes of the report: ~0.1-0.5 s for 100 small files).
 
 Safety.
 - Maintenance runs only after the file's merge committed; its outcome is returned, logged and counted

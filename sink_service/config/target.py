@@ -16,7 +16,7 @@ class TargetSettings:
 
     target: str = setting(
         "SINK_TARGET", "Where files go: `ems` (Celonis EMS continuous push), `s3` (Amazon S3 or an "
-        "S3-compatible store), `dir` (a local or mounted directory) or `delta` (each file merged into a Delta "
+        "S3-compatible store), `dir` (a local or mounted directory) or `delta` (files merged into a Delta "
         "Lake table, latest row per key, exactly once).", "ems",
         choices=("ems", "s3", "dir", "delta"), group="Target")
     ems_endpoint: str | None = setting(
@@ -74,11 +74,11 @@ class TargetSettings:
         "atomically (temporary `.<name>.tmp-<id>` file, fsync, rename). On a cluster every executor "
         "must see the same directory.", group="Target")
     delta_table_uri: str | None = setting(
-        "SINK_DELTA_TABLE_URI", "Delta table each file is merged into; required when `SINK_TARGET=delta`. A "
+        "SINK_DELTA_TABLE_URI", "Delta table the files are merged into; required when `SINK_TARGET=delta`. A "
         "directory or `s3://<bucket>/<path>` (reached with `SINK_S3_ENDPOINT_URL`, `SINK_S3_REGION` and boto3's "
         "credentials, resolved by boto3 and handed to delta-rs). `{topic}` is replaced by the topic name. Created "
         "on the first write from that file's schema. Rows are merged on `SINK_PRIMARY_KEYS` by "
-        "`SINK_ORDER_FIELD` (EMS's rule), and each commit stores its partition's offsets, so a replay is never "
+        "`SINK_ORDER_FIELD` (EMS's rule), and each commit stores its partitions' offsets, so a replay is never "
         "applied twice.", group="Target")
     delta_partition_by: tuple[str, ...] = setting(
         "SINK_DELTA_PARTITION_BY", "Comma-separated partition columns of a Delta table the service creates "
@@ -93,14 +93,14 @@ class TargetSettings:
         "partition's files in offset order): it bounds the driver's memory, which holds the rows of one "
         "commit, decoded, several times this size.", 256 * 1024 * 1024, minimum=1024 * 1024, group="Target")
     delta_compact_every_commits: int = setting(
-        "SINK_DELTA_COMPACT_EVERY_COMMITS", "Table maintenance: the file whose merge commits a Delta version that "
+        "SINK_DELTA_COMPACT_EVERY_COMMITS", "Table maintenance: the merge that commits a Delta version that "
         "is a multiple of this compacts the table's small files (`optimize.compact`, application transactions "
         "kept) and removes log entries older than `delta.logRetentionDuration`, after its merge; a maintenance "
-        "that conflicts with a concurrent merge is logged and left to the next multiple, and never fails an "
-        "upload. delta-rs itself writes a log checkpoint every `delta.checkpointInterval` (100) commits. 0 "
+        "that conflicts with a concurrent merge is logged and left to the next multiple, and never fails the "
+        "merge. delta-rs itself writes a log checkpoint every `delta.checkpointInterval` (100) commits. 0 "
         "turns compaction off.", 100, minimum=0, group="Target")
     delta_vacuum_every_commits: int = setting(
-        "SINK_DELTA_VACUUM_EVERY_COMMITS", "Table maintenance: the file whose merge commits a multiple of this "
+        "SINK_DELTA_VACUUM_EVERY_COMMITS", "Table maintenance: the merge that commits a multiple of this "
         "version also vacuums the table (deletes files removed from it more than "
         "`SINK_DELTA_VACUUM_RETENTION_HOURS` ago). 0 turns vacuum off.", 1000, minimum=0, group="Target")
     delta_vacuum_retention_hours: int = setting(

@@ -106,9 +106,10 @@ class DeltaBatches:
                     area.delete(done)
                     log.info("topic=%s partition=%d: deleted %d staged file(s) below offset %d", topic, partition,
                              len(done), covered)
-            except Exception as exc:
-                log.warning("topic=%s partition=%d: could not clean staged files (tried again at the next "
-                            "start): %s", topic, partition, exc)
+            except Exception as exc:  # the store is down: the start must not wait on it partition by partition
+                log.warning("could not clean staged files (topic=%s partition=%d; tried again at the next start): "
+                            "%s", topic, partition, exc)
+                return
 
     def close(self) -> None:
         self.target.close()

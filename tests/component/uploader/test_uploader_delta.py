@@ -1,7 +1,7 @@
 """DeltaTarget against real Delta tables (delta-rs) on a local directory and on moto's S3 server.
 
 Every table is read back two ways: with deltalake itself, and with pyarrow over the table's active
-Parquet files. Applications are counted from `DeltaTable.history()` (the file name each commit carries).
+Parquet files. Applications are counted from the commits' infos (the files each commit applied).
 """
 
 from __future__ import annotations
