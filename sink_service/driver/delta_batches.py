@@ -162,8 +162,7 @@ class DeltaBatches:
                   m.topic, m.partition, m.first_offset, m.last_offset, refusal.reason, receipt.location, refusal)
 
     def _count_retry(self, error: RetryableUploadError, _attempt: int, _wait_s: float) -> None:
-        self.metrics.upload_retries.labels(error.reason).inc()
-        log.warning("Delta merge retried: %s", error)
+        self.metrics.upload_retries.labels(error.reason).inc()  # uploader.retry logs each attempt
 
 
 def covered_uploads(rows: Iterable, commits: dict[TP, int]) -> list[StagedUpload]:

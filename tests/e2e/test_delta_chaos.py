@@ -48,7 +48,7 @@ PARTITIONS = 4
 KILLS = int(os.environ.get("DELTA_CHAOS_KILLS", "12"))
 BURSTS, KEYS, VERSIONS = 12, 400, 6  # 28.8k records in bursts while the service is killed
 MOTO_PAUSE_S = 5
-_DURATION = re.compile(r"uploaded topic=.* duration=([\d.]+)s")
+_DURATION = re.compile(r"merged \d+ staged file\(s\) .* in ([\d.]+)s, ")  # the driver's merge of a batch
 
 
 # moto's server in its own process (the test stops it with SIGSTOP), its writes one at a time (devkit.moto_s3).
