@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -61,6 +62,7 @@ class DeltaBatches:
         self.max_bytes = max_bytes
         self.metrics = metrics
         self._leftovers: dict[TP, list[StagedFile]] = {}  # found at the query's start, not yet passed
+        self._lock = threading.Lock()  # `clean` runs beside the batches (start_cleaning)
 
     def merge(self, rows: Iterable, commits: dict[TP, int]) -> list[StagedUpload]:
         """Apply the staged files the new commit positions cover; the files, to delete after the Kafka commit.
@@ -79,11 +81,12 @@ class DeltaBatches:
         done: dict[str, list[str]] = defaultdict(list)
         for upload in staged:
             done[upload.metadata.topic].append(upload.location)
-        for tp, position in commits.items():
-            passed = [s for s in self._leftovers.get(tp, []) if s.last_offset < position]
-            if passed:
-                done[tp[0]] += [s.location for s in passed]
-                self._leftovers[tp] = [s for s in self._leftovers[tp] if s.last_offset >= position]
+        with self._lock:
+            for tp, position in commits.items():
+                passed = [s for s in self._leftovers.get(tp, []) if s.last_offset < position]
+                if passed:
+                    done[tp[0]] += [s.location for s in passed]
+                    self._leftovers[tp] = [s for s in self._leftovers[tp] if s.last_offset >= position]
         for topic, locations in done.items():
             try:
                 self.staging.area(topic).delete(locations)
@@ -91,17 +94,27 @@ class DeltaBatches:
                 log.warning("could not delete %d staged file(s) of topic %s (deleted at the next start): %s",
                             len(locations), topic, exc)
 
+    def start_cleaning(self, positions: dict[TP, int]) -> threading.Thread:
+        """`clean` in the background: a store that does not answer keeps delta-rs retrying for minutes, which
+        must not hold up the query's start (or a SIGTERM meanwhile); the batches' merges meet the outage anyway."""
+        with self._lock:
+            self._leftovers = {}
+        thread = threading.Thread(target=self.clean, args=(positions,), name="delta-staging-clean", daemon=True)
+        thread.start()
+        return thread
+
     def clean(self, positions: dict[TP, int]) -> None:
-        """At a query's start: delete staged files the table or Kafka's commit already passed, and remember the
-        others (a crashed batch's, which this query stages again, maybe cut differently) for `release`."""
-        self._leftovers = {}
+        """Delete staged files the table or Kafka's commit already passed, and remember the others (a crashed
+        batch's, which this query stages again, maybe cut differently) for `release`. Never deletes a file a
+        merge still needs: those start at or after the positions, which only grow."""
         for (topic, partition), position in sorted(positions.items()):
             try:
                 covered = max(position, self.target.covered_to(topic, partition) or 0)
                 area = self.staging.area(topic)
                 listed = area.listed(topic, partition)
                 done = [s.location for s in listed if s.last_offset < covered]
-                self._leftovers[(topic, partition)] = [s for s in listed if s.last_offset >= covered]
+                with self._lock:
+                    self._leftovers[(topic, partition)] = [s for s in listed if s.last_offset >= covered]
                 if done:
                     area.delete(done)
                     log.info("topic=%s partition=%d: deleted %d staged file(s) below offset %d", topic, partition,

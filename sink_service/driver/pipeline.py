@@ -154,7 +154,7 @@ class Pipeline:
             raise KafkaException(f"start positions not committed, the group is rebalancing: {exc}") from exc
         self.health.update(broker_ok=True)
         if self.delta is not None:
-            self.delta.clean(positions)
+            self.delta.start_cleaning(positions)
         self._commits = ContiguousCommits(positions)
         log.info("starting query at %s", {f"{t}:{p}": o for (t, p), o in sorted(positions.items())})
         self.live_uploads.clear()  # tasks of an earlier query are gone, whatever they last said

@@ -101,7 +101,7 @@ def test_a_batch_is_one_commit_its_staged_files_are_deleted_and_files_past_the_c
     assert batch.staged(0) == [] and batch.staged(1) == [2], "merged files deleted, the waiting one kept"
 
     # The replay stages partition 1 again from 2, cut differently; the query's start remembers the leftover.
-    merger.clean({("orders", 0): 4, ("orders", 1): 2})
+    merger.start_cleaning({("orders", 0): 4, ("orders", 1): 2}).join(60)
     replay = Batch(settings, tmp_path)
     replay.stage(1, 2, [6, 7])
     merged = merger.merge(replay.outcome_rows(), {("orders", 1): 4})
