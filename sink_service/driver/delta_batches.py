@@ -35,8 +35,10 @@ from sink_service.driver.offset_commit import TP
 from uploader.delta import DeltaFile, DeltaRefusal, DeltaTarget
 from uploader.delta_settings import DeltaSettings
 from uploader.delta_staging import DeltaStagingSettings, DeltaStagingTarget, StagedFile
+from uploader.directory import DirectorySettings
 from uploader.errors import RetryableUploadError
 from uploader.parking import ParkingTarget
+from uploader.s3_settings import S3Settings
 from uploader.target import FileMetadata
 
 log = logging.getLogger(__name__)
@@ -52,12 +54,13 @@ class StagedUpload:
 
 
 class DeltaBatches:
-    def __init__(self, settings: DeltaSettings, parking: ParkingTarget | None, scratch: Path, max_bytes: int,
-                 metrics: SinkMetrics) -> None:
+    def __init__(self, settings: DeltaSettings, parked: DirectorySettings | S3Settings | None, scratch: Path,
+                 max_bytes: int, metrics: SinkMetrics) -> None:
+        """`parked`: where refused files go under SINK_REJECTED_FILE_POLICY=park; None under `fail`."""
         self.settings = settings
         self.target = DeltaTarget(settings)
         self.staging = DeltaStagingTarget(DeltaStagingSettings(settings))
-        self.parking = parking  # None: SINK_REJECTED_FILE_POLICY=fail
+        self.parking = ParkingTarget(self.target, parked) if parked is not None else None
         self.scratch = scratch / "delta-merge"  # downloads of files staged on S3
         self.max_bytes = max_bytes
         self.metrics = metrics
@@ -123,11 +126,6 @@ class DeltaBatches:
                 log.warning("could not clean staged files (topic=%s partition=%d; tried again at the next start): "
                             "%s", topic, partition, exc)
                 return
-
-    def close(self) -> None:
-        self.target.close()
-        self.staging.close()
-        shutil.rmtree(self.scratch, ignore_errors=True)
 
     def _apply(self, group: list[StagedUpload]) -> None:
         started = time.monotonic()

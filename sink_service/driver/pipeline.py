@@ -25,7 +25,6 @@ from sink_service.config import SinkConfig, transform_for
 from sink_service.config.decode_spec import decode_spec
 from sink_service.config.upload_targets import (
     build_target,
-    parked_settings,
     target_settings,
     task_target_settings,
 )
@@ -55,7 +54,7 @@ from sink_service.task.partition_task import (
 )
 from sink_service.task.upload_signals import NO_SIGNALS, SignalChannel, signal_url
 from uploader.errors import FatalUploadError, RetryableUploadError
-from uploader.parking import ParkingSettings, ParkingTarget
+from uploader.parking import ParkingSettings
 
 if TYPE_CHECKING:
     from sink_service.driver.delta_batches import DeltaBatches
@@ -125,11 +124,10 @@ class Pipeline:
         from sink_service.driver.delta_batches import DeltaBatches  # deltalake only for a Delta target
 
         settings = target_settings(self.config)
-        parking = None
+        parked = None
         if isinstance(settings, ParkingSettings):
-            parking = ParkingTarget(build_target(settings.inner), parked_settings(self.config, settings.inner.retry))
-            settings = settings.inner
-        return DeltaBatches(settings, parking, Path(self.config.scratch_dir), self.config.delta_merge_max_bytes,
+            settings, parked = settings.inner, settings.parked
+        return DeltaBatches(settings, parked, Path(self.config.scratch_dir), self.config.delta_merge_max_bytes,
                             self.metrics)
 
     def assignment_changed(self) -> bool:

@@ -16,11 +16,10 @@ from deltalake import DeltaTable
 
 from sink_service.driver.delta_batches import DeltaBatches
 from sink_service.driver.metrics import SinkMetrics
-from uploader.delta import NARROWING, DeltaRefusal, DeltaTarget, applied_files
+from uploader.delta import NARROWING, DeltaRefusal, applied_files
 from uploader.delta_settings import DeltaSettings
 from uploader.delta_staging import DeltaStagingSettings, DeltaStagingTarget
 from uploader.directory import DirectorySettings
-from uploader.parking import ParkingTarget
 from uploader.retry import RetryPolicy
 from uploader.target import FileMetadata
 
@@ -77,8 +76,8 @@ def _table(settings: DeltaSettings) -> DeltaTable:
 
 
 def _batches(settings: DeltaSettings, tmp_path: Path, metrics: SinkMetrics, park: bool) -> DeltaBatches:
-    parking = ParkingTarget(DeltaTarget(settings), DirectorySettings(path=str(tmp_path / "parked"))) if park else None
-    return DeltaBatches(settings, parking, tmp_path / "scratch", 1 << 20, metrics)
+    parked = DirectorySettings(path=str(tmp_path / "parked")) if park else None
+    return DeltaBatches(settings, parked, tmp_path / "scratch", 1 << 20, metrics)
 
 
 def test_a_batch_is_one_commit_its_staged_files_are_deleted_and_files_past_the_commit_wait(settings, tmp_path):
