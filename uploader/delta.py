@@ -247,25 +247,25 @@ class DeltaTarget:
             if table is None:
                 table = self._create(uri, pieces[0].rows.schema)
             rows = self._fitted(pieces, table, uri, files[0].path.parent)
+            applied = [piece.describe() for piece in pieces]
             commit = CommitProperties(
                 app_transactions=[Transaction(app_id, end) for app_id, end in ends.items()],
                 max_commit_retries=0,
-                custom_metadata={META_FILES: json.dumps([piece.describe() for piece in pieces])},
+                custom_metadata={META_FILES: json.dumps(applied)},
             )
             read_version = table.version()
             keys, order = pieces[0].metadata.primary_keys, pieces[0].metadata.order_column
             if keys:
-                counts = self._merge(table, rows, keys, order, commit)
-            else:
-                write_deltalake(table, rows.drop_columns([_FILE]), mode="append", schema_mode="merge",
-                                commit_properties=commit)
+                counts = self._merge(table, rows, keys, order, commit)  # needs `_FILE` for ties between files
+            rows = rows.drop_columns([_FILE])
+            if not keys:
+                write_deltalake(table, rows, mode="append", schema_mode="merge", commit_properties=commit)
                 counts = {"num_target_rows_inserted": rows.num_rows}
             if table.version() == read_version:
                 # A merge that changes no row (every row older than the table's) commits nothing, not even
                 # its application transactions: the ranges are recorded by a commit of their own without
                 # rows, so the table's progress never lags what it has taken in and a replay is skipped.
-                write_deltalake(table, rows.drop_columns([_FILE]).slice(0, 0), mode="append", schema_mode="merge",
-                                commit_properties=commit)
+                write_deltalake(table, rows.slice(0, 0), mode="append", schema_mode="merge", commit_properties=commit)
             committed = table.version()  # no retries: read version + 1
             table.update_incremental()
         except UploadError:
@@ -277,7 +277,7 @@ class DeltaTarget:
                                  [f.metadata for f in files]) from exc
         log.debug("%s applied as version %d: %s", what, committed, counts)
         return {"version": committed, "committed_version": committed, "skipped": False,
-                "skipped_files": skipped, "applied": [piece.describe() for piece in pieces],
+                "skipped_files": skipped, "applied": applied,
                 "covered_to": ends, "rows": rows.num_rows,
                 **{k: v for k, v in counts.items() if k.startswith("num_")}}
 
@@ -296,7 +296,7 @@ class DeltaTarget:
             if any(wider for _, wider in fitted):
                 raise RetryableUploadError(f"Delta merge into {uri}: the table's schema changed meanwhile",
                                            reason=CONFLICT)
-        tagged = [rows.append_column(_FILE, pa.array([n] * rows.num_rows, pa.int32()))
+        tagged = [rows.append_column(_FILE, pa.repeat(pa.scalar(n, pa.int32()), rows.num_rows))
                   for n, (rows, _) in enumerate(fitted)]
         return tagged[0] if len(tagged) == 1 else pa.concat_tables(unify(tagged))
 
