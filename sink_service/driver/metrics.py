@@ -24,7 +24,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -84,6 +84,22 @@ class ProcessTreeCollector(Collector):
             value=len(tree))
 
 
+class StagingDeleteFailuresCollector(Collector):
+    """Staged Delta files the driver could not delete, by reason (uploader.delta_staging counts them where
+    they happen, which knows no registry; read at each scrape)."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        from uploader.delta_staging import delete_failures
+
+        family = CounterMetricFamily(
+            "sink_delta_staging_delete_failures", "Staged Delta files that could not be deleted after their merge, "
+            "by reason (an S3 error code such as AccessDenied: grant s3:DeleteObject under the table).",
+            labels=("reason",))
+        for reason, count in sorted(delete_failures().items()):
+            family.add_metric((reason,), count)
+        yield family
+
+
 class SinkMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -93,6 +109,7 @@ class SinkMetrics:
         PlatformCollector(registry=r)
         GCCollector(registry=r)
         r.register(ProcessTreeCollector())
+        r.register(StagingDeleteFailuresCollector())
         self._assigned: set[TP] = set()  # partitions with an assignment time
         self._repeating: set[TP] = set()
         self._reported: set[TP] = set()  # partitions with per-partition gauges
