@@ -21,9 +21,17 @@ Safety.
   `delta.enableExpiredLogCleanup` (default true) it then removes log entries older than
   `delta.logRetentionDuration` (default 30 days). Maintenance calls `cleanup_metadata()` too, for tables
   whose commits came from writers without the hook. Checkpoints carry the application transactions.
-- Vacuum deletes only files removed from the table more than the retention ago; the retention is the
-  longer of `SINK_DELTA_VACUUM_RETENTION_HOURS` (default 168, the config refuses < 24) and the table's
-  own `delta.deletedFileRetentionDuration`, so a reader holding a snapshot that old keeps working.
+- Vacuum deletes only files removed from the table more than the retention ago, and files no commit
+  references (the data files of a merge or widening that lost its commit race or died before
+  committing: commits use `max_commit_retries=0`, so a lost race leaves its files behind) once they are
+  older than the retention: delta-rs's `full` vacuum, which lists the table's whole directory or prefix.
+  The retention is the longer of `SINK_DELTA_VACUUM_RETENTION_HOURS` (default 168, the config refuses
+  < 24) and the table's own `delta.deletedFileRetentionDuration`, so a reader holding a snapshot that
+  old keeps working, and a merge still writing its files (minutes old) keeps them. `_`- and
+  `.`-prefixed directories (`_delta_log`, `_sink_staging`) are never vacuumed (delta-rs, tested).
+- The scratch directories (`.delta-widen-*`) a widening that crashed left beside a directory table's
+  staged files are removed in each round once untouched for WIDEN_LEFTOVER_AGE_S
+  (uploader.delta_staging, which removes them at a query's start too).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from typing import Any
 from deltalake import CommitProperties, DeltaTable
 
 from uploader.delta_settings import DeltaSettings
+from uploader.delta_staging import remove_widen_leftovers
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +73,9 @@ def maintain(table: DeltaTable, settings: DeltaSettings, merged_version: int) ->
         report["cleanup_metadata"] = _guarded("log cleanup", table, lambda: table.cleanup_metadata() or "done")
     if vacuum:
         report["vacuum"] = _guarded("vacuum", table, lambda: _vacuum(table, settings, merged_version))
+    if table.table_uri.startswith("file://"):
+        root = table.table_uri  # a directory table: its staging directories hold the widenings' scratch
+        report["widen_leftovers"] = _guarded("scratch cleanup", table, lambda: remove_widen_leftovers(root))
     report["seconds"] = round(time.monotonic() - started, 3)
     report["failed"] = sorted(k for k, v in report.items() if isinstance(v, str) and v.startswith("failed"))
     log.info("delta maintenance of %s after version %d: %s", table.table_uri, merged_version, report)
@@ -87,7 +99,7 @@ def _compact(table: DeltaTable, version: int) -> dict[str, Any]:
 def _vacuum(table: DeltaTable, settings: DeltaSettings, version: int) -> dict[str, Any]:
     table.update_incremental()
     hours = retention_hours(table, settings)
-    deleted = table.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False,
+    deleted = table.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False, full=True,
                            commit_properties=CommitProperties(
                                custom_metadata={META_MAINTENANCE: f"vacuum after version {version}"}))
     return {"deleted_files": len(deleted), "retention_hours": hours}

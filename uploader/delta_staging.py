@@ -7,15 +7,29 @@ readers and vacuum leave `_`-prefixed directories alone. The table's store is us
 so executors on other machines reach it too. Nothing staged is needed after a crash: the offsets are not
 committed before the merge, so a replay stages the range again; staged files the table already covers are
 deleted after each batch's commit and, for leftovers of failed batches, when a query starts.
+
+A delete that fails (S3's DeleteObjects answers per key: AccessDenied when the credentials may not delete
+under the table) is logged at WARNING, naming what to grant, and counted by reason
+(`sink_delta_staging_delete_failures_total`, read from `delete_failures()`); it never fails a batch: the
+rows are in the table and the offsets in Kafka, the next start tries again.
+
+A widening of a directory table converts the table's rows into a `.delta-widen-*` scratch directory beside
+the merged files, i.e. in a partition's staging directory (uploader.delta). A crash leaves it there: the
+partition's listing at a query's start and each maintenance round remove the ones untouched for
+WIDEN_LEFTOVER_AGE_S (a live widening writes its scratch file continuously, then reads it back once).
 """
 
 from __future__ import annotations
 
+import logging
 import pathlib
+import shutil
 import threading
+import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Self
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit
 
 from uploader.delta_settings import S3_SCHEME, DeltaSettings
 from uploader.directory import DirectorySettings, DirectoryTarget, is_temp_name
@@ -23,7 +37,48 @@ from uploader.retry import OnRetry
 from uploader.s3_settings import S3Settings
 from uploader.target import FileMetadata, Receipt
 
+log = logging.getLogger(__name__)
+
 STAGING_DIR = "_sink_staging"
+WIDEN_SCRATCH_PREFIX = ".delta-widen-"  # uploader.delta's tempfile prefix for a widening's converted rows
+WIDEN_LEFTOVER_AGE_S = 6 * 3600
+DELETE_PERMISSION_HINT = ("grant s3:DeleteObject on the table's prefix: the service deletes staged files after "
+                          "each merge and vacuum deletes the table's unreferenced files")
+_delete_failures: Counter[str] = Counter()  # reason -> staged files not deleted, since the process started
+_delete_failures_lock = threading.Lock()
+
+
+def delete_failures() -> dict[str, int]:
+    """Staged files that could not be deleted since the process started, by reason (an S3 error code such
+    as AccessDenied, or an OSError class); the driver's metrics read it at each scrape."""
+    with _delete_failures_lock:
+        return dict(_delete_failures)
+
+
+def remove_widen_leftovers(table: str, older_than_s: float = WIDEN_LEFTOVER_AGE_S) -> int:
+    """Remove the `.delta-widen-*` scratch directories under a directory table's staging area (`table`: its
+    path or file:// URI) that nothing touched for `older_than_s`; how many. Nothing for an s3:// table (a
+    widening's scratch is on the driver's disk then, removed after each merge)."""
+    if table.startswith(S3_SCHEME):
+        return 0
+    root = pathlib.Path(unquote(urlsplit(table).path) if table.startswith("file://") else table)
+    return _remove_stale(root.glob(f"{STAGING_DIR}/*/*/*/{WIDEN_SCRATCH_PREFIX}*"), older_than_s)
+
+
+def _remove_stale(directories: Any, older_than_s: float) -> int:
+    removed = 0
+    for directory in directories:
+        try:
+            touched = max((p.stat().st_mtime for p in (directory, *directory.rglob("*"))), default=0.0)
+        except FileNotFoundError:  # removed meanwhile (its widening ended)
+            continue
+        if time.time() - touched < older_than_s:
+            continue
+        shutil.rmtree(directory, ignore_errors=True)
+        removed += 1
+        log.warning("removed %s, the scratch of a Delta widening that did not finish (untouched for %.1f h)",
+                    directory, (time.time() - touched) / 3600)
+    return removed
 
 
 @dataclass(frozen=True)
@@ -73,21 +128,45 @@ class StagingArea:
             raise FileNotFoundError(f"staged file {location} is gone")
         return destination
 
-    def delete(self, locations: list[str]) -> None:
-        """Delete staged files; one that is gone already is fine."""
+    def delete(self, locations: list[str]) -> dict[str, str]:
+        """Delete staged files; one that is gone already is fine. Returns the ones that could not be deleted
+        (location -> reason), logged at WARNING and counted (module doc); a store that does not answer raises."""
+        failed: dict[str, str] = {}
         if self._s3 is None:
             for location in locations:
-                pathlib.Path(location).unlink(missing_ok=True)
-            return
-        for start in range(0, len(locations), 1000):  # DeleteObjects takes up to 1000 keys
-            chunk = locations[start:start + 1000]
-            self._s3.client.delete_objects(Bucket=self._s3.settings.bucket, Delete={
-                "Objects": [{"Key": self._key(location)} for location in chunk], "Quiet": True})
+                try:
+                    pathlib.Path(location).unlink(missing_ok=True)
+                except OSError as exc:
+                    failed[location] = f"{type(exc).__name__}: {exc}"
+        else:
+            for start in range(0, len(locations), 1000):  # DeleteObjects takes up to 1000 keys
+                chunk = locations[start:start + 1000]
+                response = self._s3.client.delete_objects(Bucket=self._s3.settings.bucket, Delete={
+                    "Objects": [{"Key": self._key(location)} for location in chunk], "Quiet": True})
+                for error in response.get("Errors", []):  # S3 answers 200 and refuses keys one by one
+                    failed[self._s3.settings.uri(error.get("Key", "?"))] = (
+                        f"{error.get('Code', 'unknown')}: {error.get('Message', '')}".strip(": "))
+        if failed:
+            self._report(failed)
+        return failed
+
+    def _report(self, failed: dict[str, str]) -> None:
+        reasons = Counter(reason.split(":", 1)[0] for reason in failed.values())
+        with _delete_failures_lock:
+            _delete_failures.update(reasons)
+        hint = f"; {DELETE_PERMISSION_HINT}" if "AccessDenied" in reasons or "PermissionError" in reasons else ""
+        examples = ", ".join(f"{location} ({reason})" for location, reason in list(failed.items())[:3])
+        log.warning("could not delete %d staged file(s) under %s (they stay until a later delete succeeds)%s: %s",
+                    len(failed), self.root, hint, examples,
+                    extra={"fields": {"event": "delta_staging_delete_failed", "files": len(failed),
+                                      "reasons": dict(reasons)}})
 
     def listed(self, topic: str, partition: int) -> list[StagedFile]:
-        """The partition's staged files, by their names."""
+        """The partition's staged files, by their names (in a directory: after removing what a crashed
+        widening left there, see the module doc)."""
         if self._s3 is None:
             directory = pathlib.Path(self.root) / topic / str(partition)
+            _remove_stale(directory.glob(f"{WIDEN_SCRATCH_PREFIX}*"), WIDEN_LEFTOVER_AGE_S)
             names = [(str(p), p.name) for p in directory.glob("*.parquet") if not is_temp_name(p.name)]
         else:
             prefix = f"{self._s3.settings.prefix.strip('/')}/{topic}/{partition}/"

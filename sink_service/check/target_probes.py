@@ -4,7 +4,7 @@ The target is built from the same settings the service builds it from (`target_s
 errors are classified by the target's own rules, so a line names the setting the service would name.
 
 - S3: one small object written under the prefix (`<prefix>/_sink_check/<uuid>`) and deleted again;
-  the service itself never needs s3:DeleteObject, so a refused delete is a warning naming the object.
+  the S3 target itself never needs s3:DeleteObject, so a refused delete is a warning naming the object.
 - dir: a hidden probe file created, fsynced and removed in the directory (or, for a directory the
   service would create, its nearest existing parent writable).
 - EMS: one POST without a table or a file. The endpoint checks the credential before the request's
@@ -13,7 +13,9 @@ errors are classified by the target's own rules, so a line names the setting the
   answer proves nothing about the key, which is said plainly rather than uploading data to find out.
 - Delta: each table the named topics go to, opened as the target opens it (its version and
   partitioning said); where it exists or will be created, the same write probe as for a directory or
-  an S3 prefix, so a read-only mount or bucket fails here rather than at the first merge.
+  an S3 prefix, so a read-only mount or bucket fails here rather than at the first merge. On S3 the
+  probe object is deleted with DeleteObjects, as the service deletes its staged files (vacuum deletes
+  through the same call): the service needs s3:DeleteObject under the table, so a refused delete fails.
 - schema registry: `GET /subjects`, with the basic auth and CA bundle the decoders use.
 """
 
@@ -77,9 +79,15 @@ def probe_key(prefix: str) -> str:
     return "/".join(part for part in (prefix.strip("/"), PROBE_DIR, uuid.uuid4().hex) if part)
 
 
-def s3_probe(settings: S3Settings, timeout_s: float, label: str, bucket_setting: str | None = None) -> Probe:
-    """Put and delete a small object under the prefix, one attempt each, within the timeout."""
+def s3_probe(settings: S3Settings, timeout_s: float, label: str, bucket_setting: str | None = None,
+             deletes: bool = False) -> Probe:
+    """Put and delete a small object under the prefix, one attempt each, within the timeout.
+
+    `deletes`: the service deletes under this prefix (a Delta table's staged files, vacuum), so the object
+    is deleted as the service deletes (DeleteObjects, which S3 refuses key by key) and a refusal fails."""
+    from uploader.delta_staging import DELETE_PERMISSION_HINT
     from uploader.s3 import S3Target, classify_error
+    from uploader.s3_settings import CREDENTIALS_SETTING
 
     quick = dataclasses.replace(settings, request_timeout_s=timeout_s / 2, request_attempts=1)
     what = f"{label} {settings.uri(settings.prefix.strip('/'))}"
@@ -95,12 +103,27 @@ def s3_probe(settings: S3Settings, timeout_s: float, label: str, bucket_setting:
         except UploadError as error:
             return _upload_failure(what, error, bucket_setting)
         try:
-            target.client.delete_object(Bucket=settings.bucket, Key=key)
+            if deletes:
+                answer = target.client.delete_objects(Bucket=settings.bucket, Delete={
+                    "Objects": [{"Key": key}], "Quiet": True})
+                refused = answer.get("Errors", [])
+                if refused:
+                    return Probe(FAIL, what, f"writable, but deleting {settings.uri(key)} was refused "
+                                 f"({refused[0].get('Code')}: {refused[0].get('Message')}); "
+                                 f"{DELETE_PERMISSION_HINT} (then delete the probe object by hand)",
+                                 CREDENTIALS_SETTING)
+            else:
+                target.client.delete_object(Bucket=settings.bucket, Key=key)
         except Exception as exc:
             error = classify_error(exc, what=f"S3 delete of {settings.uri(key)}")
+            if deletes:
+                return Probe(FAIL, what, f"writable, but deleting {settings.uri(key)} failed ({_reason(error)}); "
+                             f"{DELETE_PERMISSION_HINT} (then delete the probe object by hand)",
+                             error.setting if isinstance(error, FatalUploadError)
+                             else "SINK_S3_ENDPOINT_URL (or the network to it)")
             return Probe(WARN, what, f"writable, but the probe object {settings.uri(key)} could not be deleted "
-                         f"({_reason(error)}); the service never deletes, so this is harmless: delete it by hand",
-                         None)
+                         f"({_reason(error)}); the S3 target never deletes, so this is harmless: delete it by "
+                         "hand", None)
     return Probe(OK, what, f"wrote and deleted {settings.uri(key)}")
 
 
@@ -179,7 +202,7 @@ def delta_probe(settings: DeltaSettings, uri: str, timeout_s: float) -> Probe:
         bucket, _, prefix = uri[len("s3://"):].partition("/")
         written = s3_probe(S3Settings(bucket=bucket, prefix=prefix, endpoint_url=settings.endpoint_url,
                                       region=settings.region, ca_bundle=settings.ca_bundle),
-                           timeout_s, what, DELTA_SETTING)
+                           timeout_s, what, DELTA_SETTING, deletes=True)
     else:
         written = dir_probe(DirectorySettings(path=uri), what, DELTA_SETTING)
     if written.failed:
