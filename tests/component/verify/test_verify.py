@@ -6,134 +6,27 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
-import boto3
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import pytest
 
-from local_ems.server import LocalEmsServer
 from sink_service.config import load_config
 from sink_service.verify.run import VerifyOptions, verify
 from tests.component.verify.sinking import (
+    AUTH,
     COMMITTED,
     KEYS,
+    LAST_FILE,
+    MIDDLE_FILE,
+    ROOT,
     SUNK,
     TOPIC,
-    close_consumers,
-    environment,
-    produce_topic,
-    sink,
+    build,
+    run_verify,
 )
-from uploader.target import FileMetadata, Receipt, UploadTarget
-
-AUTH = "AppKey verify-secret"
-ROOT = Path(__file__).resolve().parents[3]
-LAST_FILE = f"{20:020d}-{25:020d}.parquet"
-MIDDLE_FILE = f"{10:020d}-{19:020d}.parquet"
-
-
-@pytest.fixture(scope="module")
-def topic(bootstrap: str) -> Iterator[str]:
-    produce_topic(bootstrap)
-    yield TOPIC
-    close_consumers()
-
-
-class Target:
-    """One target of one kind, built by the task code, with ways to damage it."""
-
-    def __init__(self, kind: str, env: dict[str, str], tmp: Path, ems: LocalEmsServer | None, s3: object):
-        self.kind, self.env, self.tmp, self.ems, self.s3 = kind, env, tmp, ems, s3
-
-    @property
-    def config(self):
-        return load_config(self.env)
-
-    def file(self, partition: int, name: str) -> pa.Table:
-        if self.kind == "dir":
-            return pq.read_table(Path(self.env["SINK_DIR_PATH"]) / TOPIC / str(partition) / name)
-        body = self.s3.get_object(Bucket=self.env["SINK_S3_BUCKET"], Key=f"p/{TOPIC}/{partition}/{name}")["Body"]
-        return pq.read_table(pa.BufferReader(body.read()))
-
-    def put(self, partition: int, name: str, table: pa.Table) -> None:
-        if self.kind == "dir":
-            pq.write_table(table, Path(self.env["SINK_DIR_PATH"]) / TOPIC / str(partition) / name)
-            return
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink)
-        self.s3.put_object(Bucket=self.env["SINK_S3_BUCKET"], Key=f"p/{TOPIC}/{partition}/{name}",
-                           Body=sink.getvalue().to_pybytes())
-
-    def remove(self, partition: int, name: str) -> None:
-        if self.kind == "dir":
-            (Path(self.env["SINK_DIR_PATH"]) / TOPIC / str(partition) / name).unlink()
-        else:
-            self.s3.delete_object(Bucket=self.env["SINK_S3_BUCKET"], Key=f"p/{TOPIC}/{partition}/{name}")
-
-    def delta(self):
-        from deltalake import DeltaTable
-
-        return DeltaTable(self.env["SINK_DELTA_TABLE_URI"])
-
-    def sql(self, statement: str, *parameters: object) -> None:
-        with sqlite3.connect(self.ems.data_dir / "ems.sqlite") as db:
-            db.execute(statement, parameters)
-
-
-class DropUpload:
-    """A target that loses one upload: what a removed file is for an endpoint that applies files."""
-
-    name = "drop"
-
-    def __init__(self, inner: UploadTarget, partition: int, first_offset: int):
-        self.inner, self.partition, self.first_offset = inner, partition, first_offset
-
-    def upload(self, path, metadata: FileMetadata, on_retry=None) -> Receipt:
-        if (metadata.partition, metadata.first_offset) == (self.partition, self.first_offset):
-            return Receipt("ems", "dropped", None, 0, 1, 0.0)
-        return self.inner.upload(path, metadata, on_retry)
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-def build(kind: str, bootstrap: str, tmp: Path, request: pytest.FixtureRequest, drop_last: bool = False) -> Target:
-    group = f"verify-{kind}-{uuid.uuid4().hex[:8]}"
-    ems, s3 = None, None
-    if kind == "dir":
-        settings = {"SINK_TARGET": "dir", "SINK_DIR_PATH": str(tmp / "out")}
-    elif kind == "s3":
-        request.getfixturevalue("aws_env")
-        url = request.getfixturevalue("moto_url")
-        bucket = f"verify-{uuid.uuid4().hex[:8]}"
-        s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
-        s3.create_bucket(Bucket=bucket)
-        settings = {"SINK_TARGET": "s3", "SINK_S3_BUCKET": bucket, "SINK_S3_PREFIX": "p", "SINK_S3_ENDPOINT_URL": url,
-                    "SINK_S3_REGION": "us-east-1"}
-    elif kind == "delta":
-        settings = {"SINK_TARGET": "delta", "SINK_DELTA_TABLE_URI": str(tmp / "table")}
-    else:
-        ems = LocalEmsServer(tmp / "ems", AUTH).start()
-        request.addfinalizer(ems.stop)
-        settings = {"SINK_TARGET": "ems", "SINK_EMS_ENDPOINT": ems.items_url(), "SINK_EMS_AUTHORIZATION": AUTH,
-                    "SINK_EMS_TARGET_TABLE": "{topic}"}
-    target = Target(kind, environment(bootstrap, group, tmp / "scratch", **settings), tmp, ems, s3)
-    wrap = (lambda inner: DropUpload(inner, 0, 20)) if drop_last and kind in ("ems", "delta") else None
-    sink(target.config, bootstrap, wrap)
-    return target
-
-
-def run_verify(target: Target, **options):
-    return verify(target.config, VerifyOptions(temp_dir=target.tmp, **options))
-
 
 KINDS = ["dir", "s3", "ems", "delta"]
 
