@@ -195,7 +195,7 @@ def delta_probe(settings: DeltaSettings, uri: str, timeout_s: float) -> Probe:
 
     from uploader.delta_storage import certificate_failure, error_text, storage_options
     from uploader.directory import DirectorySettings
-    from uploader.s3_settings import S3Settings
+    from uploader.s3_settings import CREDENTIALS_SETTING, S3Settings
 
     what = f"Delta table {uri}"
     if settings.on_s3():
@@ -209,8 +209,9 @@ def delta_probe(settings: DeltaSettings, uri: str, timeout_s: float) -> Probe:
         return written
     try:
         options = storage_options(settings)
-    except FatalUploadError as error:
-        return Probe(FAIL, what, _reason(error), error.setting)
+    except UploadError as error:  # none, refused, or not obtainable for now (the service would retry)
+        return Probe(FAIL, what, _reason(error), error.setting if isinstance(error, FatalUploadError)
+                     else CREDENTIALS_SETTING)
     if options:  # an S3 table: the probe's own timeout
         options["timeout"] = f"{max(1, round(timeout_s))}s"
     try:
