@@ -10,8 +10,9 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -178,9 +179,20 @@ class SinkMetrics:
         self.assigned_partitions = Gauge(
             "sink_assigned_partitions", "Partitions the consumer group assigned to this instance; 0 on a "
             "standby (more instances than partitions).", registry=r)
+        self.started_without_commit = Counter(
+            "sink_partitions_started_without_commit_total", "Partitions this instance started without a "
+            "committed offset, by topic and start (first_start: SINK_STARTING_OFFSETS, a new group or offsets "
+            "expired after offsets.retention.minutes; found_later: earliest, a topic or partition created or "
+            "matched later; table: a Delta table's position). On a group that has run before, an increase "
+            "means its offsets expired or were deleted.", ("topic", "start"), registry=r)
         self.repeated_failures = Gauge(
             "sink_repeated_failures", "Replays in a row that failed at the same offset with the same "
             "error (not outages); the service stops at SINK_MAX_IDENTICAL_FAILURES.", _TP, registry=r)
+
+    def record_fresh_starts(self, starts: Iterable[Any]) -> None:
+        """Partitions started without a committed offset (`kafka_source.offsets.FreshStart`)."""
+        for start in starts:
+            self.started_without_commit.labels(start.tp[0], start.source).inc()
 
     def record_outcome(self, row, target: str, counted_live: Mapping[str, int]) -> None:
         labels = (row.topic, str(row.partition))

@@ -40,7 +40,7 @@ from sink_service.kafka_source.datasource import (
     SourceOptions,
 )
 from sink_service.kafka_source.membership import CommitRefused, GroupMembership
-from sink_service.kafka_source.offsets import KafkaOffsets
+from sink_service.kafka_source.offsets import KafkaOffsets, Subscription
 from sink_service.kafka_source.planner_hints import PlannerHints
 from sink_service.kafka_source.positions import nest
 from sink_service.task.dead_letters import DeadLetterSpec
@@ -146,8 +146,14 @@ class Pipeline:
         self.metrics.keep_partitions(assigned)  # partitions now owned elsewhere report there
         (self.state_dir / PENDING_STATE_FILE).unlink(missing_ok=True)
         try:
-            positions = self.kafka.resolve_start(tps, c.starting_offsets, c.retention_gap_policy,
-                                                 commit=lambda resolved: self.membership.commit(resolved, self._epoch))
+            positions = self.kafka.resolve_start(
+                tps, c.starting_offsets, c.retention_gap_policy,
+                commit=lambda resolved: self.membership.commit(resolved, self._epoch),
+                subscription=Subscription(c.topics, c.topic_pattern),
+                # A group whose offsets expired resumes where the Delta table's transactions say.
+                table_position=self.delta.target.covered_to if self.delta is not None else None,
+                commit_first_start=lambda resolved: self.membership.commit(resolved, self._epoch, others=True),
+                on_fresh=self.metrics.record_fresh_starts)
         except CommitRefused as exc:
             raise KafkaException(f"start positions not committed, the group is rebalancing: {exc}") from exc
         self.health.update(broker_ok=True)

@@ -62,6 +62,7 @@ class _State:
 class _CommitRequest:
     offsets: dict[TP, int]
     epoch: int
+    others: bool = False  # the group's first start: positions of partitions other members own
     done: threading.Event = field(default_factory=threading.Event)
     error: Exception | None = None
 
@@ -154,11 +155,15 @@ class GroupMembership:
         state = self._state  # one read: see _State
         return epoch == state.epoch and not state.revoking
 
-    def commit(self, offsets: Mapping[TP, int], epoch: int) -> None:
-        """Commit through the member; raises CommitRefused if the partitions are no longer ours."""
+    def commit(self, offsets: Mapping[TP, int], epoch: int, others: bool = False) -> None:
+        """Commit through the member; raises CommitRefused if the partitions are no longer ours.
+
+        `others`: start positions for partitions other members own, resolved at the group's first start
+        so that every member starts where SINK_STARTING_OFFSETS says (`KafkaOffsets.resolve_start`); the
+        broker checks the generation only, so they are accepted from any member of it."""
         if not offsets:
             return
-        request = _CommitRequest(dict(offsets), epoch)
+        request = _CommitRequest(dict(offsets), epoch, others)
         self._requests.put(request)
         deadline = time.monotonic() + ANSWER_S
         while not request.done.wait(POLL_S):
@@ -257,7 +262,7 @@ class GroupMembership:
     def _commit(self, request: _CommitRequest) -> None:
         state = self._state
         assigned = state.assigned or frozenset()
-        stray = sorted(tp for tp in request.offsets if tp not in assigned)
+        stray = [] if request.others else sorted(tp for tp in request.offsets if tp not in assigned)
         if request.epoch != state.epoch or stray:
             # The broker checks the generation, not who owns a partition: check both here.
             raise CommitRefused(f"the assignment changed since this batch was planned (not ours: {stray})")

@@ -41,6 +41,44 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+class CommittedOffsetsUnreadable(KafkaException):
+    """The group's committed offsets could not be read: the start stops rather than guess."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class StartPositionUnknown(CommittedOffsetsUnreadable):
+    """A Delta table's position for a partition without a committed offset could not be read."""
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """What the group subscribes to: SINK_TOPICS, or every topic SINK_TOPIC_PATTERN matches in full."""
+
+    topics: tuple[str, ...] = ()
+    pattern: str | None = None
+
+    def topic_names(self, known: Iterable[str]) -> list[str]:
+        """The named topics, or the known topics the pattern matches (as the group member subscribes)."""
+        if self.pattern:
+            return [t for t in sorted(known) if re.fullmatch(self.pattern, t)]
+        return list(self.topics)
+
+
+@dataclass(frozen=True)
+class FreshStart:
+    """A partition started without a committed offset: where, and from what (for the WARNING and a metric).
+
+    `source`: `table` (a Delta table's position), `first_start` (SINK_STARTING_OFFSETS, the group's first
+    start or its offsets expired) or `found_later` (earliest: created or matched after the first start)."""
+
+    tp: TP
+    offset: int
+    source: str
+    note: str = ""
+
+
 @dataclass(frozen=True)
 class TimedPosition:
     """Where a point in time falls in one partition's log, and why, in words for a log line."""
@@ -66,6 +104,7 @@ class KafkaOffsets:
         self._admin = new_client(AdminClient, self._config)
         self._group_id = group_id
         self._reader: Consumer | None = None  # made on first use: most callers never read commits
+        self._said: set[TP] = set()  # partitions whose start without a committed offset was said
 
     def _ask(self, request: Callable[[AdminClient, float], Mapping[K, Future[T]]]) -> dict[K, T]:
         """`request(client, timeout_s)`'s answers; a client that timed out is replaced and asked again.
@@ -173,7 +212,7 @@ class KafkaOffsets:
         service subscribes); a named topic that does not exist raises `KeyError` naming it."""
         self._refresh_metadata()
         metadata = self._admin.list_topics(timeout=_TIMEOUT_S).topics
-        names = [t for t in sorted(metadata) if re.fullmatch(pattern, t)] if pattern else list(topics)
+        names = Subscription(tuple(topics), pattern).topic_names(metadata)
         missing = [t for t in names if t not in metadata or metadata[t].error is not None]
         if missing:
             raise KeyError(", ".join(missing))
@@ -199,14 +238,14 @@ class KafkaOffsets:
         if refused:
             raise KafkaException(f"the broker refused the offsets of {', '.join(refused)}")
 
-    def committed(self, tps: Iterable[TP] | None) -> dict[TP, int]:
-        """Committed offsets of the group (of every partition it committed, for None); others absent.
+    def committed(self, tps: Iterable[TP]) -> dict[TP, int]:
+        """Committed offsets of the group for these partitions; a partition never committed is absent.
 
-        A partition named in `tps` whose commit cannot be read (not authorised, say) raises rather
-        than reading as "never committed", which would start it from SINK_STARTING_OFFSETS.
+        A partition whose commit cannot be read (not authorised, a coordinator that is loading or
+        moving) is asked again within `_TIMEOUT_S`, then raises `CommittedOffsetsUnreadable`: read as
+        "never committed" it would start at SINK_STARTING_OFFSETS, under `latest` a silent skip.
         """
-        explicit = tps is not None
-        request = [TopicPartition(t, p) for t, p in (tps if explicit else self._every_partition())]
+        request = [TopicPartition(t, p) for t, p in tps]
         if not request:
             return {}
 
@@ -217,12 +256,22 @@ class KafkaOffsets:
             except KafkaException:
                 reader.poll(0)  # serves the error callback: a refused login is reported as such
                 raise
-        answers = self._within_budget(attempt)
-        refused = [f"{tp.topic}:{tp.partition} ({tp.error})" for tp in answers if tp.error is not None]
-        if refused and explicit:
-            raise KafkaException(f"the committed offsets of group {self._group_id} could not be read for "
-                                 f"{', '.join(refused)}")
-        return {(tp.topic, tp.partition): tp.offset for tp in answers if tp.error is None and tp.offset >= 0}
+        deadline = time.monotonic() + _TIMEOUT_S
+        while True:
+            answers = self._within_budget(attempt)
+            refused = [f"{tp.topic}:{tp.partition} ({tp.error})" for tp in answers if tp.error is not None]
+            if not refused:
+                return {(tp.topic, tp.partition): tp.offset for tp in answers if tp.offset >= 0}
+            if time.monotonic() >= deadline:
+                raise CommittedOffsetsUnreadable(
+                    f"the committed offsets of consumer group {self._group_id} could not be read for "
+                    f"{', '.join(refused[:10])}{' …' if len(refused) > 10 else ''} within {_TIMEOUT_S:.0f}s. "
+                    "Nothing was started: a partition read as never committed would start at "
+                    "SINK_STARTING_OFFSETS. Check the group's and topics' ACLs (Describe and Read for this "
+                    "login) and the broker's group coordinator; the service tries again with backoff")
+            log.info("committed offsets of group %s not readable for %s; asking again", self._group_id,
+                     ", ".join(refused[:10]))
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
     def _committed_reader(self) -> Consumer:
         if self._reader is None:
@@ -230,67 +279,82 @@ class KafkaOffsets:
                                                  "enable.auto.commit": False})
         return self._reader
 
-    def _every_partition(self) -> list[TP]:
-        """Every partition of the cluster the client may see: where any commit of the group could be."""
+    def subscribed(self, subscription: Subscription) -> list[TP]:
+        """The partitions the subscription covers now: named topics that exist, or the pattern's matches."""
         self._refresh_metadata()
-        topics = self._admin.list_topics(timeout=_TIMEOUT_S).topics
-        return sorted((name, p) for name, meta in topics.items() if meta.error is None and not name.startswith("__")
-                      for p in meta.partitions)
+        metadata = self._admin.list_topics(timeout=_TIMEOUT_S).topics
+        names = subscription.topic_names(metadata)
+        return sorted((t, p) for t in names if t in metadata and metadata[t].error is None
+                      for p in metadata[t].partitions)
 
     def resolve_start(self, tps: list[TP], starting: str, gap_policy: str,
-                      commit: Callable[[Mapping[TP, int]], None]) -> dict[TP, int]:
-        """Where each partition starts: its committed offset, else `starting`; checks the log's bounds.
+                      commit: Callable[[Mapping[TP, int]], None], *,
+                      subscription: Subscription | None = None,
+                      table_position: Callable[[str, int], int | None] | None = None,
+                      commit_first_start: Callable[[Mapping[TP, int]], None] | None = None,
+                      on_fresh: Callable[[list[FreshStart]], None] | None = None) -> dict[TP, int]:
+        """Where each of `tps` (this member's partitions) starts; checks the log's bounds.
 
-        `starting` applies only to the group's first start, while it has no committed offset at
-        all. Once it has one, a partition without a commit was created (or first matched) later and
-        starts at its earliest offset. This is decided from Kafka, never from the process's memory:
-        a topic found while running whose uploads have not succeeded yet must not be taken for one
-        present at the first start by the next process (a restart, a rolling update, another
-        replica) and skipped to its end.
-        `timestamp:<ISO-8601>` starts at the first record at or after that time (`at_time`).
-        A `latest` or `timestamp:` position is committed as soon as it is resolved: otherwise the
-        next query (a replay, a restart) would resolve it again, to a newer end or against a log
-        that retention has shortened since.
-        A committed offset outside [earliest, end] is a gap: `fail` raises `OffsetGapError` and
-        commits nothing; `skip` restarts the partition at its earliest available offset, commits
+        A partition starts at its committed offset; without one, at the position a Delta table's
+        application transaction for the group holds (`table_position`: the first offset the table does
+        not hold), which survives the expiry of the group's offsets (offsets.retention.minutes).
+        Without either, `starting` applies only at the group's first start, while neither Kafka nor
+        the table has a position for any subscribed partition. Once one has, a partition without one
+        was created (or first matched) later and starts at its earliest offset (`uncommitted_start`).
+        This is decided from Kafka and the table, never from the process's memory: a topic found while
+        running whose uploads have not succeeded yet must not be taken for one present at the first
+        start by the next process (a restart, a rolling update, another replica) and skipped to its end.
+
+        At the first start under `latest` or `timestamp:<ISO-8601>` (`at_time`) the position of every
+        subscribed partition is resolved and committed before anything is read, this member's and the
+        others' still without a commit in one request (`commit_first_start`), so the members of a new
+        group started together all see the same decision, however their starts interleave. A
+        `latest`, `timestamp:` or table position is committed as soon as it is resolved: otherwise the
+        next query (a replay, a restart) would resolve it again, to a newer end or against a log that
+        retention has shortened since. Each partition started without a committed offset is said at
+        WARNING once per process and handed to `on_fresh` (a metric).
+
+        A committed or table position outside [earliest, end] is a gap: `fail` raises `OffsetGapError`
+        and commits nothing; `skip` restarts the partition at its earliest available offset, commits
         that and logs `RECORDS LOST`.
         """
         # The group may assign partitions newer than this client's cached metadata, and offset
         # lookups for those fail (unknown partition) until it is refreshed.
         self._refresh_metadata()
-        everything_committed = self.committed(None)
-        committed = {tp: everything_committed[tp] for tp in tps if tp in everything_committed}
-        new = [f"{t}:{p}" for t, p in tps if (t, p) not in committed]
-        if everything_committed and starting != "earliest" and new:
-            log.info("%s: no committed offset, but the group %s has committed before, so they were created or "
-                     "matched after its first start: starting them at their earliest offset, not at "
-                     "SINK_STARTING_OFFSETS=%s", ", ".join(new), self._group_id, starting)
-            starting = "earliest"
-        low = self.earliest(tps)
-        high = self.latest(tps)
-        when_ms = starting_time_ms(starting)
-        fresh = [tp for tp in tps if tp not in committed]
+        subscription = subscription or Subscription(tuple(sorted({t for t, _ in tps})))
+        subscribed = sorted(set(self.subscribed(subscription)) | set(tps))
+        committed = self.committed(subscribed)
+        table = self._table_positions([tp for tp in subscribed if tp not in committed], table_position)
+        history = bool(committed) or bool(table)
+        rule = uncommitted_start(starting, history)
+        first_start = not history and rule != "earliest" and commit_first_start is not None
+        scope = subscribed if first_start else tps
+        low = self.earliest(scope)
+        high = self.latest(scope)
+        when_ms = starting_time_ms(rule)
+        fresh = [tp for tp in scope if tp not in committed and tp not in table]
         timed = self.at_time(fresh, when_ms, low, high) if when_ms is not None else {}
         start: dict[TP, int] = {}
         resolved: dict[TP, int] = {}
         gaps: list[str] = []
-        for tp in tps:
+        for tp in scope:
             topic, partition = tp
-            if tp not in committed:
+            if tp in fresh:
                 if tp in timed:
                     start[tp] = resolved[tp] = timed[tp].offset
-                    log.info("topic=%s partition=%d: no committed offset; SINK_STARTING_OFFSETS=%s: %s",
-                             topic, partition, starting, timed[tp].why)
-                    continue
-                start[tp] = high[tp] if starting == "latest" else low[tp]
-                if starting == "latest":
-                    resolved[tp] = start[tp]
+                elif rule == "latest":
+                    start[tp] = resolved[tp] = high[tp]
+                else:
+                    start[tp] = low[tp]
                 continue
-            was = committed[tp]
+            was, source = (committed[tp], "committed offset") if tp in committed else \
+                (table[tp], "the Delta table's position (its application transaction for the group)")
+            if tp in table:
+                resolved[tp] = was
             if low[tp] <= was <= high[tp]:
                 start[tp] = was
                 continue
-            where = f"topic={topic} partition={partition}: committed offset {was} but "
+            where = f"topic={topic} partition={partition}: {source} {was} but "
             if was < low[tp]:
                 where += f"the earliest available is {low[tp]}; {low[tp] - was} record(s) were deleted by retention"
             else:
@@ -306,10 +370,73 @@ class KafkaOffsets:
         for where in gaps:
             log.error("RECORDS LOST: %s. Restarting from the earliest available offset because "
                       "SINK_RETENTION_GAP_POLICY=skip.", where)
-        if resolved:
-            commit(resolved)  # through the group member: a broker refuses others while it is active
-        return start
+        mine = set(tps)
+        if first_start and commit_first_start is not None:
+            # One request for this member's partitions and the others' still without a commit (another
+            # member that started meanwhile committed its own): a refusal leaves the group new, and the
+            # next query decides again; half of it committed would make the rest look found later.
+            taken = self.committed(sorted(tp for tp in resolved if tp not in mine))
+            commit_first_start({tp: o for tp, o in resolved.items() if tp not in taken})
+        elif any(tp in resolved for tp in tps):
+            # through the group member: a broker refuses others while it is active
+            commit({tp: o for tp, o in resolved.items() if tp in mine})
+        self._say_fresh([FreshStart(tp, start[tp], "table" if tp in table else
+                                    "found_later" if history else "first_start", timed[tp].why if tp in timed else "")
+                         for tp in scope if tp not in committed], starting, on_fresh)
+        return {tp: start[tp] for tp in tps}
+
+    def _table_positions(self, tps: list[TP], table_position: Callable[[str, int], int | None] | None,
+                         ) -> dict[TP, int]:
+        """The Delta table's position for each partition that has one; an unreadable table stops the start."""
+        if table_position is None:
+            return {}
+        found: dict[TP, int] = {}
+        for topic, partition in tps:
+            try:
+                position = table_position(topic, partition)
+            except Exception as exc:  # deltalake's and the store's errors alike: no start on a guess
+                raise StartPositionUnknown(
+                    f"topic={topic} partition={partition} has no committed offset and the Delta table's "
+                    f"position for it could not be read ({type(exc).__name__}: {exc}); nothing was started, "
+                    "the service tries again with backoff") from exc
+            if position is not None:
+                found[(topic, partition)] = position
+        return found
+
+    def _say_fresh(self, starts: list[FreshStart], starting: str,
+                   on_fresh: Callable[[list[FreshStart]], None] | None) -> None:
+        """A WARNING for each partition starting without a committed offset, once per process: why that
+        may be and where it starts. An alert uses the metric `on_fresh` feeds."""
+        new = [s for s in starts if s.tp not in self._said]
+        if not new:
+            return
+        self._said.update(s.tp for s in new)
+        expired = ("the group's committed offsets expired (offsets.retention.minutes, 7 days by default, "
+                   "counted from when the group was left without members) or were deleted")
+        why = {
+            "table": f"{expired}; resuming at the Delta table's position for the group (its application "
+                     "transaction)",
+            "found_later": "the group has positions for other partitions, so this one was created or first "
+                           f"matched after the group's first start (or {expired}); starting at its earliest offset"
+                           + ("" if starting == "earliest" else f", not at SINK_STARTING_OFFSETS={starting}"),
+            "first_start": f"a new group, or {expired}; starting at SINK_STARTING_OFFSETS={starting}"
+                           + ("" if starting == "earliest" else ", committed at once"),
+        }
+        for s in sorted(new, key=lambda s: s.tp):
+            log.warning("topic=%s partition=%d: no committed offset in consumer group %s: %s: offset %d%s",
+                        s.tp[0], s.tp[1], self._group_id, why[s.source], s.offset,
+                        f" ({s.note})" if s.note else "")
+        if on_fresh is not None:
+            on_fresh(new)
+
+
+def uncommitted_start(starting: str, history: bool) -> str:
+    """Where a partition without a committed offset (or table position) starts: SINK_STARTING_OFFSETS
+    while the group has no position for any subscribed partition (its first start), else its earliest
+    offset (created or matched later). One rule for the service and `sink-service check`."""
+    return "earliest" if history else starting
 
 
 def _timed_out(exc: KafkaException) -> bool:
-    return bool(exc.args) and exc.args[0].code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT)
+    error = exc.args[0] if exc.args else None
+    return isinstance(error, KafkaError) and error.code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT)

@@ -21,13 +21,13 @@ def test_offsets_are_answered_soon_after_the_broker_restarts(own_broker):
     reset_offsets(bootstrap, group, {(topic, 0): 7, (topic, 1): 9})
     offsets = KafkaOffsets({"bootstrap.servers": bootstrap}, group)
     tps = [(topic, 0), (topic, 1)]
-    assert offsets.committed(None) == {(topic, 0): 7, (topic, 1): 9}
+    assert offsets.committed(tps) == {(topic, 0): 7, (topic, 1): 9}
 
     own_broker.stop()
     time.sleep(6)
     own_broker.start()
 
-    for question, expected in ((lambda: offsets.committed(None), {(topic, 0): 7, (topic, 1): 9}),
+    for question, expected in ((lambda: offsets.committed(tps), {(topic, 0): 7, (topic, 1): 9}),
                                (lambda: offsets.earliest(tps), {(topic, 0): 0, (topic, 1): 0})):
         started = time.monotonic()
         answer = question()
