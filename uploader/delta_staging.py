@@ -154,7 +154,9 @@ class StagingArea:
         reasons = Counter(reason.split(":", 1)[0] for reason in failed.values())
         with _delete_failures_lock:
             _delete_failures.update(reasons)
-        hint = f"; {DELETE_PERMISSION_HINT}" if "AccessDenied" in reasons or "PermissionError" in reasons else ""
+        hint = (f"; {DELETE_PERMISSION_HINT}" if "AccessDenied" in reasons else
+                "; the service's user must be allowed to delete in the table's directory"
+                if "PermissionError" in reasons else "")
         examples = ", ".join(f"{location} ({reason})" for location, reason in list(failed.items())[:3])
         log.warning("could not delete %d staged file(s) under %s (they stay until a later delete succeeds)%s: %s",
                     len(failed), self.root, hint, examples,
