@@ -13,9 +13,10 @@ from sink_service.verify.expected import PartitionRead
 _WHY = {
     "missing": "in the topic, not in the target",
     "stale": "the target holds an older version: a lower order value",
-    "extra": "in the target, not in the topic up to the committed offsets",
-    "differing": "same order value, different content",
-    "ahead": "the target holds a newer version: uploaded past the committed offsets (not a failure)",
+    "extra": "in the target, not in the topic",
+    "differing": "the record with the target's order value holds other content",
+    "invented": "the target's order value is past the topic's latest and no record has it",
+    "ahead": "the target holds a record past the committed offsets: uploaded before the commit (not a failure)",
 }
 
 
@@ -52,11 +53,13 @@ class Report:
             "primary_keys": list(self.primary_keys),
             **self.totals(),
             "records_read": sum(p.records for p in self.partitions),
+            "records_past_commit": sum(p.beyond_records for p in self.partitions),
             "bad_records": dict(self.bad_records),
             "filtered": self.filtered,
             "uncommitted_files_skipped": self.uncommitted_files,
             "partitions": [{"topic": p.topic, "partition": p.partition, "earliest": p.earliest,
-                            "committed": p.committed, "records": p.records, "rows": p.rows,
+                            "committed": p.committed, "records": p.records, "rows": p.rows, "end": p.end,
+                            "records_past_commit": p.beyond_records,
                             **({"note": p.note} if p.note else {})} for p in self.partitions],
             "tables": [{"table": t.table, "keys_checked": t.keys_checked, "keys_equal": t.counts["equal"],
                         **{s: t.counts[s] for s in STATUSES if s != "equal"}, "deleted": t.deleted_keys,
@@ -75,6 +78,10 @@ class Report:
         lines.append(f"read {read:,} records from {len(self.partitions)} partition(s) up to the committed offsets"
                      + (f"; {bad:,} not rows ({_counts(self.bad_records)})" if bad else "")
                      + (f"; {self.filtered:,} filtered by SINK_TRANSFORM_SQL" if self.filtered else ""))
+        beyond = sum(p.beyond_records for p in self.partitions)
+        if beyond:
+            lines.append(f"read {beyond:,} records past the committed offsets, to compare the target's rows "
+                         "ahead of them")
         lines += [f"  {p.topic}:{p.partition} {p.note}" for p in self.partitions if p.note]
         if self.uncommitted_files:
             lines.append(f"  {self.uncommitted_files} target file(s) past the committed offsets not compared")
@@ -102,7 +109,8 @@ def _example(e: dict[str, Any]) -> str:
     key = json.dumps(e["key"], default=str, separators=(",", ":"))
     parts = [f"key {key}"]
     if "topic" in e:
-        parts.append(f"topic {e['topic']} partition {e['partition']} offset {e['offset']}")
+        parts.append(f"topic {e['topic']} partition {e['partition']} offset {e['offset']}"
+                     + (" (past the committed offset)" if e.get("past_commit") else ""))
     if "expected_order" in e or "target_order" in e:
         parts.append(f"order {e.get('expected_order', '-')} in the topic, {e.get('target_order', '-')} in the target")
     if "target_file" in e:
@@ -111,4 +119,17 @@ def _example(e: dict[str, Any]) -> str:
               for name in ("target_topic", "target_partition", "target_offset") if name in e]
     if origin:
         parts.append("written from " + " ".join(origin))
+    if e.get("differences"):
+        parts.append("differs in " + ", ".join(_difference(c, d) for c, d in e["differences"].items()))
     return "; ".join(parts)
+
+
+def _difference(column: str, d: dict[str, Any]) -> str:
+    def shown(value: Any) -> str:
+        return json.dumps(value, default=str, separators=(",", ":"))
+
+    if d.get("target_lacks_column"):
+        return f"{column} {shown(d['expected'])} in the topic, no such column in the target"
+    target = shown(d["target"]) + (f" (not a {d['target_does_not_cast_to']})" if "target_does_not_cast_to" in d
+                                   else "")
+    return f"{column} {shown(d['expected'])} in the topic, {target} in the target"

@@ -36,7 +36,8 @@ class VerifyOptions:
 
 
 def verify(config: SinkConfig, options: VerifyOptions) -> Report:
-    """Compare the target with the topics up to the group's committed offsets.
+    """Compare the target with the topics up to the group's committed offsets (and its rows ahead of
+    them with the records past them).
 
     Raises `CannotVerify` (exit 2): an EMS that cannot be read back, no primary keys, no such topic.
     """
@@ -57,7 +58,9 @@ def verify(config: SinkConfig, options: VerifyOptions) -> Report:
         expected = read_expected(config, decode_spec(config), transform_for(config), work / "expected", parts)
         report = Report(config.group_id, "", config.order_field, expected.primary_keys, parts,
                         expected.bad_records, expected.filtered)
-        options.progress(f"read {sum(p.records for p in parts):,} records into {len(expected.files)} spill file(s)")
+        options.progress(f"read {sum(p.records for p in parts):,} records into {len(expected.files)} spill file(s), "
+                         f"{sum(p.beyond_records for p in parts):,} past the committed offsets into "
+                         f"{len(expected.beyond_files)}")
         if expected.bad_records.get("tombstone") and config.tombstones == "skip":
             report.notes.append(f"{expected.bad_records['tombstone']:,} tombstone(s) skipped (SINK_TOMBSTONES=skip): "
                                 "the service never deletes, so such keys keep their last row in the target too")
@@ -79,8 +82,9 @@ def verify(config: SinkConfig, options: VerifyOptions) -> Report:
                 report.uncommitted_files += target.uncommitted_files
                 report.notes += target.notes
                 spill = [path for topic, path in expected.files if topic in table_topics]
+                beyond = [path for topic, path in expected.beyond_files if topic in table_topics]
                 result = comparer.compare(table, spill, target.files, expected.primary_keys, config.order_field,
-                                          options.examples)
+                                          options.examples, beyond)
                 report.tables.append(result)
         finally:
             comparer.close()

@@ -10,7 +10,7 @@
   as Parquet and names it with `--target-export`.
 - `delta`: the table's current version, read with deltalake in batches and spilled to one Parquet
   file. The table holds the latest row per key already; rows of ranges it applied past Kafka's
-  committed offsets (it commits first) show as `ahead`.
+  committed offsets (it commits first) show as `ahead` when a record past them holds them.
 Each file keeps its origin (topic, partition, first offset) so an upsert engine's order can be
 replayed: the highest order value wins, ties go to the later file and the later row.
 """

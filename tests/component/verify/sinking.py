@@ -89,10 +89,10 @@ def task_spec(config: SinkConfig, wrap: Callable[[UploadTarget], UploadTarget] |
                     error_policy=config.error_policy, transform=transform_for(config))
 
 
-def sink_range(config: SinkConfig, spec: TaskSpec, partition: int, start: int, end: int) -> None:
+def sink_range(config: SinkConfig, spec: TaskSpec, partition: int, start: int, end: int, topic: str = TOPIC) -> None:
     """Upload one partition's records `start` to `end` (exclusive) as a task does; nothing is committed."""
     client = consumer_config(config.kafka_client_config(), config.group_id)
-    outcome = process_range(spec, Range(TOPIC, partition, start, end),
+    outcome = process_range(spec, Range(topic, partition, start, end),
                             lambda rng: read_range(rng, client, 1 << 26)).to_pylist()[0]
     assert outcome["status"] == "ok", outcome["error"]
 
