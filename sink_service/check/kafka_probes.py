@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from confluent_kafka import (
+    Consumer,
     ConsumerGroupState,
-    ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
     TopicCollection,
@@ -263,30 +263,115 @@ class KafkaProbes:
         members = f", {len(group.members)} active member(s)" if group.members else ""
         state = "no member yet" if group.state == ConsumerGroupState.DEAD and not group.members \
             else f"state {group.state.name.lower()}{members}"
-        tps = sorted(self.log_end)
         try:
+            tps = self._subscribed(what)
             committed = self._committed(tps, what)
         except NoAnswer as no:
             return no.probe
         except KafkaException as exc:
-            return Probe(FAIL, what, f"its committed offsets cannot be read: {exc.args[0].str()}",
-                         "the group's ACLs (grant Describe to this login) or SINK_GROUP_ID")
-        if committed:
-            lag = sum(self.log_end[tp] - offset for tp, offset in committed.items())
-            progress = f"committed on {len(committed)} of {len(tps)} partition(s), lag {lag}"
-        else:
-            progress = f"nothing committed yet: it starts at SINK_STARTING_OFFSETS={c.starting_offsets}"
+            error = exc.args[0]
+            detail = error.str() if isinstance(error, KafkaError) else str(error)
+            return Probe(FAIL, what, f"its committed offsets cannot be read: {detail}; the service would not "
+                         "start", "the group's ACLs (grant Describe to this login) or SINK_GROUP_ID")
         acl = "" if operations is not None else "; the broker does not report ACLs"
-        return Probe(OK, what, f"{state}; {progress}{acl}")
+        return Probe(OK, what, f"{state}; {self._start(tps, committed)}{acl}")
+
+    def _subscribed(self, what: str) -> list[tuple[str, int]]:
+        """The partitions the service subscribes to now, as it will see them (named topics that exist, or
+        the pattern's matches)."""
+        assert self.admin is not None
+        from sink_service.kafka_source.offsets import Subscription
+
+        c = self.config
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                topics = self.admin.list_topics(timeout=min(1.0, max(0.05, deadline - time.monotonic()))).topics
+                break
+            except KafkaException:
+                self._raise_if_refused(what)
+                if time.monotonic() >= deadline:
+                    raise NoAnswer(Probe(FAIL, what, f"no answer within {self.timeout_s:g} s",
+                                         BOOTSTRAP_SETTING)) from None
+        names = Subscription(c.topics, c.topic_pattern).topic_names(topics)
+        return sorted((t, p) for t in names if t in topics and topics[t].error is None for p in topics[t].partitions)
 
     def _committed(self, tps: list[tuple[str, int]], what: str) -> dict[tuple[str, int], int]:
-        assert self.admin is not None
+        """Read as the service reads them: by a consumer of the group that never joins it, not the admin
+        client's coordinator call that can abort the process (librdkafka #4605). A partition whose commit
+        cannot be read raises, as it stops the service's start."""
         if not tps:
             return {}
-        request = [ConsumerGroupTopicPartitions(self.config.group_id, [TopicPartition(t, p) for t, p in tps])]
-        futures = self.admin.list_consumer_group_offsets(request, request_timeout=self.timeout_s)
-        result = self._wait(next(iter(futures.values())), what)
-        return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions or () if tp.offset >= 0}
+        reader = Consumer({**self.client_config, "group.id": self.config.group_id, "enable.auto.commit": False})
+        try:
+            answers = reader.committed([TopicPartition(t, p) for t, p in tps], timeout=self.timeout_s)
+        except KafkaException as exc:
+            reader.poll(0)
+            self._raise_if_refused(what)
+            if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].code() == KafkaError._TIMED_OUT:
+                raise NoAnswer(Probe(FAIL, what, f"no answer within {self.timeout_s:g} s", BOOTSTRAP_SETTING)) \
+                    from None
+            raise
+        finally:
+            reader.close()
+        refused = [f"{tp.topic}:{tp.partition} ({tp.error.str()})" for tp in answers if tp.error is not None]
+        if refused:
+            raise KafkaException(f"not readable for {', '.join(refused[:5])}")
+        return {(tp.topic, tp.partition): tp.offset for tp in answers if tp.offset >= 0}
+
+    def _start(self, tps: list[tuple[str, int]], committed: dict[tuple[str, int], int]) -> str:
+        """Where the service will start, by its own rule (`offsets.uncommitted_start`): committed offsets,
+        a Delta table's positions, then SINK_STARTING_OFFSETS at the group's first start or earliest."""
+        from sink_service.kafka_source.offsets import uncommitted_start
+
+        c = self.config
+        uncommitted = [tp for tp in tps if tp not in committed]
+        table, unknown = self._table_positions(uncommitted)
+        history = bool(committed) or bool(table)
+        parts = []
+        if committed:
+            lag = sum(self.log_end[tp] - offset for tp, offset in committed.items() if tp in self.log_end)
+            parts.append(f"committed on {len(committed)} of {len(tps)} partition(s), lag {lag}")
+        if table:
+            parts.append(f"{len(table)} without a committed offset resume at the Delta table's position for the "
+                         "group (its committed offsets expired or were deleted)")
+        rest = [tp for tp in uncommitted if tp not in table]
+        rule = uncommitted_start(c.starting_offsets, history)
+        if rest and not history:
+            which = "every partition starts" if len(rest) == len(tps) else f"{len(rest)} partition(s) start"
+            parts.append(f"nothing committed yet: {which} at SINK_STARTING_OFFSETS={c.starting_offsets} (a new "
+                         "group, or its offsets expired after offsets.retention.minutes)")
+        elif rest:
+            named = ", ".join(f"{t}:{p}" for t, p in rest[:5]) + (" …" if len(rest) > 5 else "")
+            parts.append(f"{len(rest)} without a committed offset ({named}) start at their earliest offset"
+                         + ("" if rule == c.starting_offsets else f", not at SINK_STARTING_OFFSETS="
+                            f"{c.starting_offsets}") + " (created or matched after the group's first start, or "
+                         "their offsets expired)")
+        if unknown:
+            parts.append(f"the Delta table's position could not be read ({unknown}): the service would not start")
+        return "; ".join(parts) or "no partition to read yet"
+
+    def _table_positions(self, tps: list[tuple[str, int]]) -> tuple[dict[tuple[str, int], int], str]:
+        """A Delta target's positions for partitions without a committed offset, and why they are unknown."""
+        if self.config.target != "delta" or not tps:
+            return {}, ""
+        from sink_service.config.upload_targets import target_settings
+        from uploader.delta import DeltaTarget
+        from uploader.parking import ParkingSettings
+
+        settings = target_settings(self.config)
+        if isinstance(settings, ParkingSettings):
+            settings = settings.inner
+        found: dict[tuple[str, int], int] = {}
+        try:
+            with DeltaTarget(settings) as table:
+                for topic, partition in tps:
+                    position = table.covered_to(topic, partition)
+                    if position is not None:
+                        found[(topic, partition)] = position
+        except Exception as exc:  # the target probe says what is wrong with the table
+            return found, f"{type(exc).__name__}: {exc}"
+        return found, ""
 
     def dead_letters(self) -> Probe:
         """SINK_DLQ_TOPIC: present and writable, or creatable on the first dead letter; nothing produced."""

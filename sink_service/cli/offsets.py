@@ -7,8 +7,12 @@ service's own configuration (SINK_GROUP_ID, SINK_TOPICS or SINK_TOPIC_PATTERN, t
 security options) through the same `kafka_client_config()` and `KafkaOffsets` the service uses.
 
 A move is refused while the group has members: a running service would commit over it (or follow
-it mid-batch), and a broker that enforces membership refuses it anyway. Exit codes: 0 done, 1 Kafka
-did not answer or refused the commit, 2 usage or configuration error, 3 the group has active members.
+it mid-batch), and a broker that enforces membership refuses it anyway. An instance stopped a moment
+ago stays a static member until its session times out; `--wait SECONDS` waits for the group to empty.
+With SINK_TARGET=delta, a move back below what the table holds (its application transactions for the
+group) is refused: the service skips every record the table holds, so such a replay re-applies nothing.
+Exit codes: 0 done, 1 Kafka did not answer or refused the commit, 2 usage or configuration error or a
+move a Delta table would ignore, 3 the group has active members.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, TextIO
@@ -64,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     move.add_argument("--to-offset", action="append", default=[], metavar="TOPIC:PARTITION=OFFSET",
                       help="an explicit offset (repeatable); other partitions are not moved")
     parser.add_argument("--dry-run", action="store_true", help="print the plan; commit nothing")
+    parser.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                        help="wait up to this long for the group to have no active member (an instance "
+                        "stopped a moment ago stays a static member until its session times out)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -117,14 +125,16 @@ def _run(args: argparse.Namespace, config: SinkConfig, moving: bool, out: TextIO
         _print(out, args.json, config.group_id, "show", None, False, list(rows.values()))
         return EXIT_OK
     what, plan = _plan(args, kafka, rows)
-    members = kafka.active_members()
+    if config.target == "delta":
+        _refuse_below_delta_table(config, plan)
+    members = _members(kafka, 0.0 if args.dry_run else args.wait)
     if members and not args.dry_run:
         print(f"{PROG}: refused: the group {config.group_id} has {len(members)} active member(s) "
-              f"({', '.join(members)}); stop every instance of the service first. Nothing was changed.", file=err)
+              f"({', '.join(members)}); stop every instance of the service first. An instance stopped a moment "
+              "ago stays a static member (group.instance.id) until its session times out (session.timeout.ms="
+              f"{_session_timeout_ms(config)} ms, SINK_KAFKA_SESSION_TIMEOUT_MS): try again after that, or add "
+              "--wait SECONDS to wait for the group to empty. Nothing was changed.", file=err)
         return EXIT_ACTIVE
-    if members:
-        print(f"{PROG}: note: the group {config.group_id} has {len(members)} active member(s); "
-              "the move itself would be refused until they stop", file=err)
     if not args.dry_run:
         kafka.alter(plan)
         now = kafka.committed(tps)  # read back: the table shows what Kafka holds, not what was asked
@@ -137,6 +147,54 @@ def _run(args: argparse.Namespace, config: SinkConfig, moving: bool, out: TextIO
         row.lag = row.log_end - row.after if row.after is not None else None
     _print(out, args.json, config.group_id, "move", what, args.dry_run, list(rows.values()))
     return EXIT_OK
+
+
+def _members(kafka: KafkaOffsets, wait_s: float) -> list[str]:
+    """The group's active members, asked again each second for up to `wait_s` until there are none."""
+    deadline = time.monotonic() + max(0.0, wait_s)
+    while True:
+        members = kafka.active_members()
+        if not members or time.monotonic() >= deadline:
+            return members
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def _session_timeout_ms(config: SinkConfig) -> str:
+    from sink_service.kafka_source.membership import DEFAULT_SESSION_TIMEOUT_MS
+
+    return str(config.kafka_client_config().get("session.timeout.ms", DEFAULT_SESSION_TIMEOUT_MS))
+
+
+def _refuse_below_delta_table(config: SinkConfig, plan: Mapping[TP, int]) -> None:
+    """A Delta table skips every file below its application transaction for the group: a move back
+    below it would be reported as a replay that never happens (the rows stay as they are)."""
+    from sink_service.config.upload_targets import target_settings
+    from uploader.delta import DeltaTarget
+    from uploader.parking import ParkingSettings
+
+    settings = target_settings(config)
+    if isinstance(settings, ParkingSettings):
+        settings = settings.inner
+    with DeltaTarget(settings) as table:
+        below = []
+        for (topic, partition), offset in sorted(plan.items()):
+            try:
+                covered = table.covered_to(topic, partition)
+            except Exception as exc:  # deltalake's and the store's errors alike: no move without the answer
+                raise UsageError(f"the Delta table {settings.uri_for(topic)} could not be read to check the move "
+                                 f"({type(exc).__name__}: {exc}); nothing was changed") from exc
+            if covered is not None and offset < covered:
+                below.append(f"{topic}:{partition} to {offset}, but {settings.uri_for(topic)} holds it below "
+                             f"{covered}")
+    if below:
+        raise UsageError(
+            f"refused: SINK_TARGET=delta and the table already holds what this move would replay for group "
+            f"{config.group_id} (its application transactions): {'; '.join(below)}. The service skips every "
+            "record below the table's position, so nothing would be re-applied. Nothing was changed. To apply "
+            "those records again: run the service once under a new SINK_GROUP_ID with "
+            "SINK_STARTING_OFFSETS=timestamp:<time> (a table's transactions are per group; the merge keeps each "
+            "key's newer row by the order column), re-apply saved files with `python -m uploader push`, or "
+            "write to a new table (SINK_DELTA_TABLE_URI) from --to-earliest.")
 
 
 def _partitions(kafka: KafkaOffsets, config: SinkConfig, only: Sequence[str]) -> list[TP]:

@@ -180,8 +180,9 @@ class SinkMetrics:
             "sink_assigned_partitions", "Partitions the consumer group assigned to this instance; 0 on a "
             "standby (more instances than partitions).", registry=r)
         self.started_without_commit = Counter(
-            "sink_partitions_started_without_commit_total", "Partitions this instance started without a "
-            "committed offset, by topic and start (first_start: SINK_STARTING_OFFSETS, a new group or offsets "
+            "sink_partitions_started_without_commit_total", "Partitions whose start without a committed "
+            "offset this instance decided (at a new group's first start, every subscribed one), by topic and "
+            "start (first_start: SINK_STARTING_OFFSETS, a new group or offsets "
             "expired after offsets.retention.minutes; found_later: earliest, a topic or partition created or "
             "matched later; table: a Delta table's position). On a group that has run before, an increase "
             "means its offsets expired or were deleted.", ("topic", "start"), registry=r)

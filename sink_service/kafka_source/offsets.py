@@ -17,7 +17,6 @@ from typing import TypeVar
 from confluent_kafka import (
     Consumer,
     ConsumerGroupState,
-    ConsumerGroupTopicPartitions,
     IsolationLevel,
     KafkaError,
     KafkaException,
@@ -227,14 +226,23 @@ class KafkaOffsets:
         return [f"{m.client_id}@{m.host}" for m in group.members] or [f"(group state {group.state.name})"]
 
     def alter(self, offsets: Mapping[TP, int]) -> None:
-        """Commit offsets for a group without members, as Kafka's tooling does; raises if any is refused."""
+        """Commit offsets for a group without members, as Kafka's tooling does; raises if any is refused.
+
+        Through a consumer of the group that never joins it (a "simple" consumer's commit), not the admin
+        client's coordinator call that can abort the process (librdkafka #4605, see the class). A broker
+        refuses it (UNKNOWN_MEMBER_ID) while the group has members: a running service would commit over it.
+        """
         request = [TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())]
         if not request:
             return
-        result = self._ask(lambda admin, timeout_s: admin.alter_consumer_group_offsets(
-            [ConsumerGroupTopicPartitions(self._group_id, request)], request_timeout=timeout_s))[self._group_id]
-        refused = [f"{tp.topic}:{tp.partition} ({tp.error})" for tp in result.topic_partitions or ()
-                   if tp.error is not None]
+        reader = self._committed_reader()
+        try:
+            answers = reader.commit(offsets=request, asynchronous=False) or []
+        except KafkaException:
+            reader.poll(0)  # serves the error callback: a refused login is reported as such
+            self._access.check()
+            raise
+        refused = [f"{tp.topic}:{tp.partition} ({tp.error})" for tp in answers if tp.error is not None]
         if refused:
             raise KafkaException(f"the broker refused the offsets of {', '.join(refused)}")
 

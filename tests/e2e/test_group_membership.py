@@ -307,3 +307,41 @@ def test_a_group_member_thread_that_dies_stops_the_service_with_a_clear_error(
     assert stopping and "consumer group member" in stopping[-1] and "no commit can be made" in stopping[-1], \
         output[-3000:]
     print(f"member thread died: the service exited 3 after {time.monotonic() - started:.0f}s (Spark start included)")
+
+
+REPLICAS = 3
+REPLICA_PARTITIONS = 6
+
+
+def test_replicas_of_a_new_group_started_together_all_start_at_latest(bootstrap, ems, unique, service_env, services,
+                                                                     tmp_path):
+    # Issue #38: the first replica resolved `latest` and committed its partitions; the others then saw
+    # "the group has committed before" and started theirs at earliest, re-sending the whole backlog.
+    topic, group = unique("replicas"), unique("group")
+    create_topics(bootstrap, {topic: REPLICA_PARTITIONS})
+    produce_orders(bootstrap, topic, keys=3000, updates=2, workload=Workload(), key_prefix="backlog")
+    ends = end_offsets(bootstrap, topic, REPLICA_PARTITIONS)
+    envs = [service_env(topic, group, SINK_STARTING_OFFSETS="latest", SINK_FLUSH_INTERVAL_MS=1000,
+                        SINK_SCRATCH_DIR=str(tmp_path / f"replica-{n}")) for n in range(REPLICAS)]
+    replicas = [services(env) for env in envs]  # at once: their starts interleave as they will
+    wait_until(lambda: all(_assigned(s) == REPLICA_PARTITIONS // REPLICAS for s in replicas)
+               and all((s.readiness(int(env["SINK_HTTP_PORT"])) or (0,))[0] == 200
+                       for s, env in zip(replicas, envs, strict=True)), 240,
+               "three ready replicas with two partitions each", process=replicas[0])
+    new = Workload()
+    produce_orders(bootstrap, topic, keys=300, updates=2, workload=new, key_prefix="new")
+    wait_until(lambda: all_committed(bootstrap, group, topic, REPLICA_PARTITIONS) and table_matches(ems, topic, new),
+               180, "the new records delivered", process=replicas[0])
+    samples = [scrape_metrics(int(env["SINK_HTTP_PORT"])) for env in envs]
+    assert all(s.terminate() == 0 for s in replicas)
+
+    first = {p: min(f for f, _last in spans) for p, spans in uploaded_ranges(ems, topic).items()}
+    below = {p: (first[p], ends[p]) for p in first if first[p] < ends[p]}
+    assert not below, f"partitions started below the end they had at the start (first delivered, end): {below}"
+    assert_table_exact(ems, topic, new)  # every new record, none of the backlog
+    fresh = sum(v for sample in samples for (name, labels), v in sample.items()
+                if name == "sink_partitions_started_without_commit_total" and ("topic", topic) in labels)
+    # Counted by the replica that decided: once, or twice for replicas whose starts met at the same moment.
+    assert REPLICA_PARTITIONS <= fresh <= REPLICAS * REPLICA_PARTITIONS, f"{fresh} start(s) without a commit counted"
+    said = "".join(s.output() for s in replicas).count("no committed offset in consumer group")
+    assert said == fresh, f"{said} WARNING line(s) for {fresh} counted start(s)"
