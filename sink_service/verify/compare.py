@@ -135,8 +135,9 @@ class Comparer:
                 projection += f", nullif(list_filter([{', '.join(uncast)}], lambda x: x IS NOT NULL), []) AS {_UNCAST}"
             # An order value that does not cast wins, so the key shows as differing rather than hide it.
             first = f"({q(order)} IS NOT NULL AND {casts[order]} IS NULL) DESC, " if casts[order] != q(order) else ""
-            db.execute(f"CREATE TABLE t AS SELECT {projection} FROM {t_all} QUALIFY row_number() OVER (PARTITION BY "
-                       f"{key_list} ORDER BY {first}{casts[order]} DESC NULLS LAST, {_T_FIRST} DESC, {_ROW} DESC) = 1")
+            db.execute(f"CREATE TABLE t AS SELECT {projection} FROM (SELECT * FROM {t_all} QUALIFY row_number() OVER "
+                       f"(PARTITION BY {key_list} ORDER BY {first}{casts[order]} DESC NULLS LAST, {_T_FIRST} DESC, "
+                       f"{_ROW} DESC) = 1)")
             db.unregister("origins")
         else:
             db.execute("CREATE TABLE t AS SELECT * FROM e LIMIT 0")
@@ -153,23 +154,25 @@ class Comparer:
         on_t = " AND ".join(f"e.{q(k)} = t.{q(k)}" for k in keys)
         extra_origin = [f"t.{q(c)} AS {q('target' + c)}" for c in ("_topic", "_partition", "_offset") if c in t_types]
         t_where = f"t.{_T_WHERE}" if _T_WHERE in t_types else "NULL::VARCHAR"
+        origin = (TOPIC_COLUMN, PARTITION_COLUMN, "_offset")
         if b_files:
             b_join = ("LEFT JOIN (SELECT *, true AS __present FROM b) b ON "
                       + " AND ".join(f"b.{q(k)} = t.{q(k)}" for k in (*keys, order)))
-            b_present, b_origin = "b.__present", [f"b.{q(TOPIC_COLUMN)}", f"b.{q(PARTITION_COLUMN)}", "b._offset"]
+            b_present, b_origin = "b.__present", [f"b.{q(c)}" for c in origin]
         else:
             b_join, b_present, b_origin = "", "NULL::BOOLEAN", ["NULL::VARCHAR", "NULL::INTEGER", "NULL::BIGINT"]
+        e_origin = [f"e.{q(c)}" for c in origin]
+        origins = ", ".join(f"{expression} AS __{side}{n}" for side, expressions in (("e", e_origin), ("b", b_origin))
+                            for n, expression in enumerate(expressions))
         by_b = f"CASE WHEN {b_present} IS NULL THEN '{{none}}' WHEN {same_b} THEN 'ahead' ELSE 'differing' END"
-        e_origin = [f"e.{q(TOPIC_COLUMN)}", f"e.{q(PARTITION_COLUMN)}", "e._offset"]
+        # The record compared is one past the commits: an `ahead` row, or one differing from such a record.
+        past = "coalesce(__b AND (status = 'ahead' OR status = 'differing' AND __by_b), false)"
         db.execute(f"""
-            CREATE TABLE cmp AS SELECT * EXCLUDE (__past, __b, __by_b, __b_topic, __b_partition, __b_offset,
-                                                  __e_topic, __e_partition, __e_offset),
-              nullif(__past, false) AS past_commit,
-              CASE WHEN __past THEN __b_topic ELSE __e_topic END AS topic,
-              CASE WHEN __past THEN __b_partition ELSE __e_partition END AS partition,
-              CASE WHEN __past THEN __b_offset ELSE __e_offset END AS "offset"
-            FROM (SELECT *, coalesce(__b AND (status = 'ahead' OR status = 'differing' AND __by_b), false) AS __past
-                  FROM (SELECT
+            CREATE TABLE cmp AS SELECT * EXCLUDE (__b, __by_b, __e0, __e1, __e2, __b0, __b1, __b2),
+              nullif({past}, false) AS past_commit, CASE WHEN {past} THEN __b0 ELSE __e0 END AS topic,
+              CASE WHEN {past} THEN __b1 ELSE __e1 END AS partition,
+              CASE WHEN {past} THEN __b2 ELSE __e2 END AS "offset"
+            FROM (SELECT
               CASE WHEN t.__present IS NULL THEN CASE WHEN coalesce({deleted}, false) THEN 'equal' ELSE 'missing' END
                    WHEN e.__present IS NULL THEN {by_b.replace('{none}', 'extra')}
                    WHEN t.{q(order)} < e.{q(order)} THEN 'stale'
@@ -180,14 +183,10 @@ class Comparer:
               {b_present} IS NOT NULL AS __b, e.__present IS NULL OR t.{q(order)} > e.{q(order)} AS __by_b,
               coalesce({deleted}, false) AS deleted,
               {', '.join(f'coalesce(e.{q(k)}, t.{q(k)}) AS {q(k)}' for k in keys)},
-              e.{q(order)}::VARCHAR AS expected_order, t.{q(order)}::VARCHAR AS target_order,
-              {', '.join(f'{a} AS {n}' for a, n in zip(b_origin, ('__b_topic', '__b_partition', '__b_offset'),
-                                                         strict=True))},
-              {', '.join(f'{a} AS {n}' for a, n in zip(e_origin, ('__e_topic', '__e_partition', '__e_offset'),
-                                                         strict=True))},
+              e.{q(order)}::VARCHAR AS expected_order, t.{q(order)}::VARCHAR AS target_order, {origins},
               {t_where} AS target_file {''.join(', ' + x for x in extra_origin)}
             FROM (SELECT *, true AS __present FROM e) e FULL OUTER JOIN (SELECT *, true AS __present FROM t) t
-            ON {on_t} {b_join}))""")
+            ON {on_t} {b_join})""")
         for status, count in db.execute("SELECT status, count(*) FROM cmp GROUP BY status").fetchall():
             result.counts[status] = count
         result.deleted_keys = db.execute("SELECT count(*) FROM cmp WHERE deleted").fetchone()[0]
