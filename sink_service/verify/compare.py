@@ -12,7 +12,8 @@ the records past the committed offsets, one per key and order value. A key is
 - `missing`: the topic has it, the target does not;
 - `stale`: the target's order value is lower than the topic's latest;
 - `ahead`: the target holds a record past the committed offsets, content and all (the service
-  uploads, then commits) -- reported, but not a failure;
+  uploads, then commits), or no longer holds a key a record past them deletes (a Delta table's hard
+  deletes) -- reported, but not a failure;
 - `invented`: the target's order value is higher than the topic's latest and no record past the
   commits has it: a row the topic never held;
 - `extra`: the target has a key the topic does not (not even past the commits);
@@ -88,7 +89,7 @@ class Comparer:
         """`beyond`: spill files of the records past the committed offsets, for the target's `ahead` rows."""
         result = TableResult(table)
         db = self.db
-        for name in ("e", "t", "b", "cmp", "ex"):
+        for name in ("e", "t", "b", "bd", "cmp", "ex"):
             db.execute(f"DROP TABLE IF EXISTS {name}")
         key_list = ", ".join(q(k) for k in keys)
         e_files, b_files = [str(p) for p in expected], [str(p) for p in beyond]
@@ -111,6 +112,12 @@ class Comparer:
                        f"ORDER BY {q(TOPIC_COLUMN)} DESC, {q(PARTITION_COLUMN)} DESC, _offset DESC) = 1", [b_files])
         e_types = self._types("e")
         b_types = self._types("b") if b_files else {}
+        deletes_past = b_types.get(DELETED) == "BOOLEAN"
+        if deletes_past:  # keys whose latest record past the commits deletes them: a target may have let them go
+            db.execute(f"CREATE TABLE bd AS SELECT {key_list}, {q(order)}, {q(TOPIC_COLUMN)}, {q(PARTITION_COLUMN)}, "
+                       f"_offset FROM (SELECT * FROM b QUALIFY row_number() OVER (PARTITION BY {key_list} ORDER BY "
+                       f"{q(order)} DESC NULLS LAST, {q(TOPIC_COLUMN)} DESC, {q(PARTITION_COLUMN)} DESC, _offset "
+                       f"DESC) = 1) WHERE {q(DELETED)}")
         want = unified or e_types
         if target:
             origins = pa.table({
@@ -161,19 +168,27 @@ class Comparer:
             b_present, b_origin = "b.__present", [f"b.{q(c)}" for c in origin]
         else:
             b_join, b_present, b_origin = "", "NULL::BOOLEAN", ["NULL::VARCHAR", "NULL::INTEGER", "NULL::BIGINT"]
+        if deletes_past:
+            bd_join = ("LEFT JOIN bd ON " + " AND ".join(f"bd.{q(k)} = e.{q(k)}" for k in keys))
+            gone, d_origin = f"coalesce(bd.{q(order)} > e.{q(order)}, false)", [f"bd.{q(c)}" for c in origin]
+        else:
+            bd_join, gone, d_origin = "", "false", ["NULL::VARCHAR", "NULL::INTEGER", "NULL::BIGINT"]
         e_origin = [f"e.{q(c)}" for c in origin]
-        origins = ", ".join(f"{expression} AS __{side}{n}" for side, expressions in (("e", e_origin), ("b", b_origin))
-                            for n, expression in enumerate(expressions))
+        origins = ", ".join(f"{expression} AS __{side}{n}" for side, expressions in (
+            ("e", e_origin), ("b", b_origin), ("d", d_origin)) for n, expression in enumerate(expressions))
         by_b = f"CASE WHEN {b_present} IS NULL THEN '{{none}}' WHEN {same_b} THEN 'ahead' ELSE 'differing' END"
-        # The record compared is one past the commits: an `ahead` row, or one differing from such a record.
+        # The record compared is one past the commits: an `ahead` row, or one differing from such a record;
+        # or (`__gone`) the deletion past the commits of a key the target no longer holds.
         past = "coalesce(__b AND (status = 'ahead' OR status = 'differing' AND __by_b), false)"
         db.execute(f"""
-            CREATE TABLE cmp AS SELECT * EXCLUDE (__b, __by_b, __e0, __e1, __e2, __b0, __b1, __b2),
-              nullif({past}, false) AS past_commit, CASE WHEN {past} THEN __b0 ELSE __e0 END AS topic,
-              CASE WHEN {past} THEN __b1 ELSE __e1 END AS partition,
-              CASE WHEN {past} THEN __b2 ELSE __e2 END AS "offset"
+            CREATE TABLE cmp AS SELECT * EXCLUDE (__b, __by_b, __gone, __e0, __e1, __e2, __b0, __b1, __b2, __d0, __d1,
+                                                  __d2),
+              nullif(__gone OR {past}, false) AS past_commit,
+              {', '.join(f"CASE WHEN __gone THEN __d{n} WHEN {past} THEN __b{n} ELSE __e{n} END AS {name}"
+                         for n, name in enumerate(('topic', 'partition', '"offset"')))}
             FROM (SELECT
-              CASE WHEN t.__present IS NULL THEN CASE WHEN coalesce({deleted}, false) THEN 'equal' ELSE 'missing' END
+              CASE WHEN t.__present IS NULL THEN CASE WHEN coalesce({deleted}, false) THEN 'equal'
+                                                      WHEN {gone} THEN 'ahead' ELSE 'missing' END
                    WHEN e.__present IS NULL THEN {by_b.replace('{none}', 'extra')}
                    WHEN t.{q(order)} < e.{q(order)} THEN 'stale'
                    WHEN t.{q(order)} > e.{q(order)} THEN {by_b.replace('{none}', 'invented')}
@@ -181,12 +196,13 @@ class Comparer:
                    WHEN coalesce({b_present} AND {same_b}, false) THEN 'ahead'
                    ELSE 'differing' END AS status,
               {b_present} IS NOT NULL AS __b, e.__present IS NULL OR t.{q(order)} > e.{q(order)} AS __by_b,
+              t.__present IS NULL AND {gone} AS __gone,
               coalesce({deleted}, false) AS deleted,
               {', '.join(f'coalesce(e.{q(k)}, t.{q(k)}) AS {q(k)}' for k in keys)},
               e.{q(order)}::VARCHAR AS expected_order, t.{q(order)}::VARCHAR AS target_order, {origins},
               {t_where} AS target_file {''.join(', ' + x for x in extra_origin)}
             FROM (SELECT *, true AS __present FROM e) e FULL OUTER JOIN (SELECT *, true AS __present FROM t) t
-            ON {on_t} {b_join})""")
+            ON {on_t} {b_join} {bd_join})""")
         for status, count in db.execute("SELECT status, count(*) FROM cmp GROUP BY status").fetchall():
             result.counts[status] = count
         result.deleted_keys = db.execute("SELECT count(*) FROM cmp WHERE deleted").fetchone()[0]

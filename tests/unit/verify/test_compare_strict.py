@@ -155,3 +155,20 @@ def test_a_deletion_row_keeping_its_old_values_is_a_difference(tmp_path, compare
     result = comparer.compare("t", [expected], target, ("id",), "_offset", examples=5)
     assert (result.counts["differing"], result.counts["equal"]) == (1, 1)
     assert result.examples["differing"][0]["differences"] == {"amount": {"expected": None, "target": 3.0}}
+
+
+def test_a_key_deleted_past_the_commits_may_be_gone_from_the_target(tmp_path, comparer):
+    """A Delta table with SINK_DELTA_HARD_DELETES applied a tombstone past the commits: the key is gone.
+    Was `missing`. Gone while the latest record past the commits is not a deletion stays `missing`."""
+    expected = expected_file(tmp_path / "e.parquet", [
+        row("deleted", 1, 1.0, _deleted=False), row("revived", 2, 1.0, _deleted=False),
+        row("lost", 3, 1.0, _deleted=False)])
+    beyond = expected_file(tmp_path / "b.parquet", [
+        row("deleted", 5, None, _deleted=True), row("revived", 6, None, _deleted=True),
+        row("revived", 7, 2.0, _deleted=False)])
+    target = [target_file(tmp_path / "t.parquet", [row("other", 0, 1.0, _deleted=False)])]
+    result = comparer.compare("t", [expected], target, ("id",), "_offset", examples=5, beyond=[beyond])
+    assert {s: n for s, n in result.counts.items() if n} == {"ahead": 1, "missing": 2, "extra": 1}
+    [ahead] = result.examples["ahead"]
+    assert (ahead["key"], ahead["offset"], ahead["past_commit"]) == ({"id": "deleted"}, 5, True)
+    assert [e["key"]["id"] for e in result.examples["missing"]] == ["revived", "lost"]
