@@ -96,8 +96,11 @@ def _is_exact(t: pa.DataType) -> bool:
 
 
 def convert(array: pa.Array, target: pa.DataType) -> pa.Array:
-    """`array`'s values as `join(array.type, target)`, or wider where a value needs it; never altered."""
-    target = join(array.type, target)
+    """`array`'s values as `join(target, array.type)`, or wider where a value needs it; never altered.
+
+    Struct fields come in `target`'s order, then the array's new ones: JSON objects name their fields in
+    any order, and a struct of the same fields in another order must fit a file's or a table's type."""
+    target = join(target, array.type)
     if array.type == target:
         return array
     if pa.types.is_null(array.type):

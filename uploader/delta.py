@@ -75,6 +75,7 @@ from uploader.delta_settings import (
 )
 from uploader.delta_storage import certificate_failure, error_text, storage_options
 from uploader.errors import FatalUploadError, RetryableUploadError, UploadError
+from uploader.parquet_info import bookkeeping_columns
 from uploader.retry import OnRetry, call_with_retries
 from uploader.s3_settings import CREDENTIALS_SETTING, ENDPOINT_URL_SETTING
 from uploader.target import FileMetadata, Receipt
@@ -223,12 +224,13 @@ class DeltaTarget:
             table = self._open(uri)
             skipped: list[str] = []
             ends: dict[str, int] = {}  # app_id -> the first offset the table will not hold
+            seen: dict[str, int | None] = {}  # app_id -> the table's progress these decisions were made on
             for file in files:
                 metadata = file.metadata
                 app_id = self.settings.app_id(metadata.topic, metadata.partition)
-                done = ends.get(app_id)  # an earlier file of this merge, else the table's own progress
-                if done is None and table is not None:
-                    done = table.transaction_version(app_id)
+                if app_id not in seen:
+                    seen[app_id] = table.transaction_version(app_id) if table is not None else None
+                done = ends.get(app_id, seen[app_id])  # an earlier file of this merge, else the table's progress
                 if done is not None and done > metadata.last_offset:
                     log.info("%s: %s skipped: the table already holds %s up to offset %d", what,
                              metadata.file_name(), app_id, done - 1)
@@ -237,9 +239,13 @@ class DeltaTarget:
                 rows = pq.read_table(file.path)
                 _require_key_columns(rows, metadata, uri)
                 applied_from = metadata.first_offset
-                if done is not None and done > metadata.first_offset and OFFSET in rows.column_names:
+                if done is not None and done > metadata.first_offset:
+                    if OFFSET not in rows.column_names:  # only a file written by hand lacks it
+                        raise _refusal(metadata, uri, f"the table holds offsets up to {done - 1} of this file's range, "
+                                                      f"and it has no {OFFSET} column to apply only the rest by")
                     rows = rows.filter(pc.greater_equal(rows[OFFSET], pa.scalar(done, rows.schema.field(OFFSET).type)))
                     applied_from = done
+                rows = rows.drop_columns(list(bookkeeping_columns(rows.schema)))
                 pieces.append(_Piece(metadata, _storable(rows), app_id, applied_from))
                 ends[app_id] = metadata.last_offset + 1
             if not pieces:
@@ -247,6 +253,9 @@ class DeltaTarget:
             if table is None:
                 table = self._create(uri, pieces[0].rows.schema)
             rows = self._fitted(pieces, table, uri, files[0].path.parent)
+            # Creating or widening the table loaded its newest snapshot: a rival's commit read there (a zombie's
+            # merge of these ranges) would not fail ours, which only conflicts with commits after it.
+            _require_same_progress(table, seen, uri)
             applied = [piece.describe() for piece in pieces]
             commit = CommitProperties(
                 app_transactions=[Transaction(app_id, end) for app_id, end in ends.items()],
@@ -298,7 +307,8 @@ class DeltaTarget:
                                            reason=CONFLICT)
         tagged = [rows.append_column(_FILE, pa.repeat(pa.scalar(n, pa.int32()), rows.num_rows))
                   for n, (rows, _) in enumerate(fitted)]
-        return tagged[0] if len(tagged) == 1 else pa.concat_tables(unify(tagged))
+        rows = tagged[0] if len(tagged) == 1 else pa.concat_tables(unify(tagged))
+        return _with_every_column(rows, pa.schema(table.schema().to_arrow()))
 
     def _merge(self, table: DeltaTable, rows: pa.Table, keys: Sequence[str], order: str | None,
                commit: CommitProperties) -> dict[str, Any]:
@@ -355,11 +365,13 @@ class DeltaTarget:
     def _fit(self, rows: pa.Table, table: DeltaTable, metadata: FileMetadata,
              uri: str) -> tuple[pa.Table, dict[str, pa.DataType]]:
         """The file's columns converted to the table's types where no value changes (the decode lattice's
-        `convert`: int into a double column, a number into a string column), and the columns the table must
-        widen to hold the file (the lattice's join: a double into an int column); a refusal otherwise.
+        `convert`: int into a double column, a number into a string column, a struct into a struct with
+        more fields), and the columns the table must widen to hold the file (the lattice's join: a double
+        into an int column, a struct with a field the table's lacks); a refusal otherwise.
 
-        delta-rs's own cast would truncate (9.5 into an int column is stored as 9): nothing reaches it
-        in a type the table does not hold."""
+        delta-rs's own cast would truncate (9.5 into an int column is stored as 9), and its own nested
+        schema evolution in a merge nulls the grown struct of every row the merge copies: nothing reaches
+        it in a type the table does not hold."""
         table_schema = pa.schema(table.schema().to_arrow())
         partitions = set(table.metadata().partition_columns)
         columns, widen = [], {}
@@ -372,16 +384,19 @@ class DeltaTarget:
             if column.type.equals(wanted) or _same_kind(column.type, wanted):
                 columns.append(column)
                 continue
-            if _kind(column.type) is None or _kind(wanted) is None:  # nested, temporal, binary: a safe cast
+            if _nested(column.type) or _nested(wanted):
+                fitted = convert(column.combine_chunks(), wanted)
+            elif _kind(column.type) is None or _kind(wanted) is None:  # temporal, binary: a safe cast
                 try:
                     columns.append(pc.cast(column, wanted, safe=True))
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                     raise _refusal(metadata, uri, f"column {name!r} ({column.type}) does not fit the table's "
                                                   f"{wanted}: {exc}") from exc
                 continue
-            fitted = _lossless(column, wanted, convert)
-            if fitted.type.equals(wanted) or _same_kind(fitted.type, wanted):
-                columns.append(fitted)
+            else:
+                fitted = _lossless(column, wanted, convert)
+            if _equivalent(fitted.type, wanted):
+                columns.append(fitted if fitted.type.equals(wanted) or not _nested(wanted) else fitted.cast(wanted))
                 continue
             problem = self._cannot_widen(name, column.type, wanted, fitted.type, partitions)
             if problem:
@@ -399,7 +414,7 @@ class DeltaTarget:
         if _kind(wider) == 3 and not self.settings.widen_to_string:
             return (f"{what}; holding it would turn the table's column into text ({wider}), which "
                     f"{WIDEN_TO_STRING_SETTING}=true allows (the table is rewritten once, its values kept as text)")
-        if _kind(wider) is None:
+        if _kind(wider) is None and not _nested(wider):
             return f"{what}, and the table cannot take {wider} without rewriting it"
         return None
 
@@ -422,9 +437,12 @@ class DeltaTarget:
                 with pq.ParquetWriter(converted, new) as writer:
                     for batch in table.to_pyarrow_dataset().to_batches():
                         arrays = [convert(batch.column(f.name), f.type) for f in new]
-                        needs = {f.name: a.type for f, a in zip(new, arrays, strict=True) if not a.type.equals(f.type)}
+                        needs = {f.name: a.type for f, a in zip(new, arrays, strict=True)
+                                 if not _equivalent(a.type, f.type)}
                         if needs:
                             break
+                        arrays = [a if a.type.equals(f.type) else a.cast(f.type)  # string flavours only
+                                  for f, a in zip(new, arrays, strict=True)]
                         writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=new))
                 if needs:
                     partitions = set(table.metadata().partition_columns)
@@ -476,6 +494,16 @@ def latest_per_key(rows: pa.Table, keys: Sequence[str], order: str | None, file_
     return ranked.filter(pa.concat_arrays([pa.array([True]), first])).drop_columns([_ROW])
 
 
+def _with_every_column(rows: pa.Table, table_schema: pa.Schema) -> pa.Table:
+    """A column of the table that no file of the merge has is null in its rows: a record that lacks a field
+    (or holds null in it, which a file leaves out) clears it. delta-rs's update of all columns would keep
+    the table's old value of a column the source lacks (a soft delete keeping the deleted row's values)."""
+    for field in table_schema:
+        if field.name not in rows.column_names:
+            rows = rows.append_column(field, pa.nulls(rows.num_rows, field.type))
+    return rows
+
+
 def _storable(rows: pa.Table) -> pa.Table:
     """Delta has no null type: an all-null column of a file is stored as a nullable string."""
     for n, f in enumerate(rows.schema):
@@ -495,6 +523,22 @@ def _kind(t: pa.DataType) -> int | None:
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
         return 3
     return None
+
+
+def _nested(t: pa.DataType) -> bool:
+    return pa.types.is_struct(t) or pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
+def _equivalent(a: pa.DataType, b: pa.DataType) -> bool:
+    """The same type up to the flavour of strings (string, large or view), at any depth."""
+    if a.equals(b) or (_kind(a) == 3 and _kind(b) == 3):
+        return True
+    if pa.types.is_struct(a) and pa.types.is_struct(b):
+        return [f.name for f in a] == [f.name for f in b] and all(
+            _equivalent(x.type, y.type) for x, y in zip(a, b, strict=True))
+    if _nested(a) and _nested(b) and not pa.types.is_struct(a) and not pa.types.is_struct(b):
+        return _equivalent(a.value_type, b.value_type)
+    return False
 
 
 def _same_kind(have: pa.DataType, wanted: pa.DataType) -> bool:
@@ -521,6 +565,14 @@ def _require_key_columns(rows: pa.Table, metadata: FileMetadata, uri: str) -> No
         if column not in rows.column_names:
             raise _refusal(metadata, uri, f"column {column!r} (a primary key or the order column) is missing "
                                           "from the file")
+
+
+def _require_same_progress(table: DeltaTable, seen: Mapping[str, int | None], uri: str) -> None:
+    moved = {app_id for app_id, version in seen.items() if table.transaction_version(app_id) != version}
+    if moved:
+        raise RetryableUploadError(f"Delta merge into {uri}: another writer applied ranges of "
+                                   f"{', '.join(sorted(moved))} meanwhile; re-checking what the table holds",
+                                   reason=CONFLICT)
 
 
 def _describe(files: Sequence[DeltaFile]) -> str:

@@ -42,6 +42,17 @@ def parse_file_name(name: str) -> RangeName | None:
     )
 
 
+# Parquet schema metadata: comma-separated columns a file carries only for its target's bookkeeping
+# (a Delta target cuts a replay's overlap by `_offset`), which the target drops before its table.
+BOOKKEEPING_KEY = b"kafka_parquet_sink.bookkeeping"
+
+
+def bookkeeping_columns(schema: pa.Schema) -> tuple[str, ...]:
+    """The columns `schema` names as bookkeeping (written by the service's writer)."""
+    value = (schema.metadata or {}).get(BOOKKEEPING_KEY, b"")
+    return tuple(c for c in value.decode().split(",") if c)
+
+
 def schema_fingerprint(schema: pa.Schema) -> str:
     """Short digest of column names and Arrow types; equal schemas give equal fingerprints.
 

@@ -101,8 +101,8 @@ class TargetSettings:
         "turns compaction off.", 100, minimum=0, group="Target")
     delta_vacuum_every_commits: int = setting(
         "SINK_DELTA_VACUUM_EVERY_COMMITS", "Table maintenance: the merge that commits a multiple of this "
-        "version also vacuums the table (deletes files removed from it more than "
-        "`SINK_DELTA_VACUUM_RETENTION_HOURS` ago). 0 turns vacuum off.", 1000, minimum=0, group="Target")
+        "version also vacuums the table (deletes files removed from it, and files no commit references, more "
+        "than `SINK_DELTA_VACUUM_RETENTION_HOURS` ago). 0 turns vacuum off.", 1000, minimum=0, group="Target")
     delta_vacuum_retention_hours: int = setting(
         "SINK_DELTA_VACUUM_RETENTION_HOURS", "How long a file removed from the Delta table (by a merge or a "
         "compaction) is kept before vacuum deletes it: a reader holding an older snapshot keeps working that "

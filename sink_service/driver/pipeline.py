@@ -112,6 +112,7 @@ class Pipeline:
             compression=config.parquet_compression,
             error_policy=config.error_policy,
             compact_files=config.compact_files,
+            typed_table=config.target == "delta",
             signals=signals,
             dead_letters=DeadLetterSpec.of(config.dlq_topic, self.client_config) if config.dlq_topic else None,
             transform=transform_for(config),

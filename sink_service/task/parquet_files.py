@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from sink_service.decode.compact import FileCompactor
 from uploader.column_types import conform, join, join_schemas, unify
-from uploader.parquet_info import schema_fingerprint
+from uploader.parquet_info import BOOKKEEPING_KEY, schema_fingerprint
 
 ROW_GROUP_MAX_BYTES = 32 * 1024 * 1024
 
@@ -60,12 +60,14 @@ def _stored(type_: pa.DataType) -> pa.DataType:
     return type_
 
 
-def _stored_schema(schema: pa.Schema, unstored: frozenset[str]) -> pa.Schema:
+def _stored_schema(schema: pa.Schema, unstored: frozenset[str], bookkeeping: tuple[str, ...] = ()) -> pa.Schema:
     """A column that holds only nulls so far is left out: it carries no value, and writing it as
     string would change its stored type once a value arrives (an upsert of a row without the
-    column leaves it null, as writing the nulls would). So are the `unstored` ones."""
-    return pa.schema([f.with_type(_stored(f.type)) for f in schema
-                      if not pa.types.is_null(f.type) and f.name not in unstored])
+    column sets it null, as writing the nulls would). So are the `unstored` ones."""
+    stored = pa.schema([f.with_type(_stored(f.type)) for f in schema
+                        if not pa.types.is_null(f.type) and f.name not in unstored])
+    kept = [c for c in bookkeeping if c in stored.names]
+    return stored.with_metadata({BOOKKEEPING_KEY: ",".join(kept).encode()}) if kept else stored
 
 
 class PartitionFileWriter:
@@ -75,6 +77,9 @@ class PartitionFileWriter:
     writers' `written_schema`); a chunk's column typed narrower than its floor is cast up to it.
     `unstored`: columns the rows carry for bookkeeping that files leave out (`_offset`, which
     bounds files, when SINK_METADATA_COLUMNS does not write it).
+    `bookkeeping`: such columns written anyway and named in the file's metadata, for a target
+    that uses and drops them; `typed_table`: the target fits files to its table's types itself,
+    so the floor and earlier files do not raise a file's types.
     `compactor`: makes each new file's `FileCompactor` (SINK_COMPACT_FILES), or None to keep every
     row. A file then holds the latest row per key of the records it covers; the record cap
     (`max_records`) still counts records, so a file covers the same offsets either way.
@@ -92,6 +97,8 @@ class PartitionFileWriter:
         on_close: Callable[[ClosedFile], None],
         floor: pa.Schema | None = None,
         unstored: tuple[str, ...] = (),
+        bookkeeping: tuple[str, ...] = (),
+        typed_table: bool = False,
         compactor: Callable[[], FileCompactor | None] | None = None,
     ):
         self._directory = directory
@@ -101,8 +108,10 @@ class PartitionFileWriter:
         self._max_records = max_records
         self._compression = None if compression == "none" else compression
         self._on_close = on_close
-        self._floor = floor
-        self._unstored = frozenset(unstored)
+        self._floor = None if typed_table else floor
+        self._raise_by_written = not typed_table
+        self._unstored = frozenset(unstored) - set(bookkeeping)
+        self._bookkeeping = tuple(bookkeeping)
         self._new_compactor = compactor
         self._compactor: FileCompactor | None = None  # the open file's
         self._row_group_bytes = max(64 * 1024, min(max_bytes, ROW_GROUP_MAX_BYTES))
@@ -176,7 +185,7 @@ class PartitionFileWriter:
         fields = []
         for field in schema:
             type_ = field.type
-            for known in (self._floor, self._written):
+            for known in (self._floor, self._written if self._raise_by_written else None):
                 index = -1 if known is None else known.get_field_index(field.name)
                 if index >= 0:
                     type_ = join(known.field(index).type, type_)
@@ -197,7 +206,7 @@ class PartitionFileWriter:
             return
         rows = pa.concat_tables(self._buffer) if len(self._buffer) > 1 else self._buffer[0]
         self._buffer, self._buffered_rows, self._buffered_bytes = [], 0, 0
-        stored = _stored_schema(self._schema, self._unstored)
+        stored = _stored_schema(self._schema, self._unstored, self._bookkeeping)
         if self._writer is None:
             self._directory.mkdir(parents=True, exist_ok=True)
             self._path = self._directory / f"{self._topic}-{self._partition}-{uuid.uuid4().hex}.parquet"
@@ -228,8 +237,10 @@ class PartitionFileWriter:
             last_offset=self._last_offset,
             record_count=rows,
             size_bytes=os.path.getsize(self._path),
-            schema_fingerprint=schema_fingerprint(_stored_schema(self._schema, self._unstored)),
+            schema_fingerprint=schema_fingerprint(_stored_schema(self._schema, self._unstored, self._bookkeeping)),
         )
         self._writer, self._path, self._file_rows = None, None, 0
         self._on_close(closed)
         self._written = self._schema if self._written is None else join_schemas(self._written, self._schema)
+        if not self._raise_by_written:
+            self._schema = None  # the next file takes its own rows' types

@@ -92,6 +92,9 @@ class TaskSpec:
     compression: str
     error_policy: str
     compact_files: bool = False  # SINK_COMPACT_FILES: each file holds only the latest row per key
+    # The target fits each file to its typed table (Delta): files keep their own types, so a file the table
+    # refuses never raises later ones, and carry `_offset` as bookkeeping (parquet_files).
+    typed_table: bool = False
     signals: SignalChannel = NO_SIGNALS  # live upload signals to the driver
     dead_letters: DeadLetterSpec | None = None  # required with error_policy "dlq"
     transform: Transform | None = None  # SINK_TRANSFORM_SQL, run on each decoded segment
@@ -170,6 +173,8 @@ class _RangeProcessor:
             on_close=self._upload,
             floor=floor,
             unstored=spec.decode.unstored_columns,
+            bookkeeping=spec.decode.unstored_columns if spec.typed_table else (),
+            typed_table=spec.typed_table,
             compactor=self._new_compactor,
         )
 

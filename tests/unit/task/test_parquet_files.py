@@ -13,6 +13,7 @@ import pytest
 
 from sink_service.task import parquet_files
 from sink_service.task.parquet_files import ClosedFile, PartitionFileWriter, schema_fingerprint
+from uploader.parquet_info import BOOKKEEPING_KEY
 
 TOPIC, PARTITION = "orders", 2
 
@@ -427,3 +428,33 @@ def test_awkward_json_is_decoded_written_and_read_back_exactly(tmp_path):
         for name, value in row.items():
             read = got[offset][name]
             assert (int(read) if name == "big" else read) == value, (offset, name)
+
+
+@pytest.mark.timeout(20)
+def test_an_object_naming_its_fields_in_another_order_fits_the_open_file(tmp_path):
+    """JSON objects name fields in any order: a struct of the open file's fields in another order (and one
+    new) once made the writer's fitting loop spin forever, holding the task."""
+    writer, collector = make_writer(tmp_path)
+    writer.append(chunk(0, 2, customer=[{"name": "a", "tier": 1}, {"name": "b", "tier": 2}]))
+    writer.append(chunk(2, 1, customer=[{"tier": 3, "email": "e", "name": "c"}]))
+    writer.finish()
+    check_files(collector.files, 0, 2)
+    assert [r["customer"] for r in read_back(collector.files)] == [
+        {"name": "a", "tier": 1, "email": None}, {"name": "b", "tier": 2, "email": None},
+        {"name": "c", "tier": 3, "email": "e"}]
+
+
+def test_for_a_typed_table_files_keep_their_own_types_and_carry_the_offset_for_bookkeeping(tmp_path):
+    """A Delta table fits each file to its own types; a file it refuses must not raise later files' types,
+    and `_offset` travels as named bookkeeping even where SINK_METADATA_COLUMNS leaves it out."""
+    collector = Collector()
+    writer = PartitionFileWriter(tmp_path / "files", TOPIC, PARTITION, max_bytes=1 << 30, max_records=1,
+                                 compression="snappy", on_close=collector, floor=pa.schema([("amount", pa.string())]),
+                                 unstored=("_offset",), bookkeeping=("_offset",), typed_table=True)
+    writer.append(chunk(0, 1, amount="n/a"))
+    writer.append(chunk(1, 2, amount=7))
+    writer.finish()
+    schemas = [pq.read_schema(f.path) for f in collector.files]
+    assert [s.field("amount").type for s in schemas] == [pa.string(), pa.int64(), pa.int64()]
+    assert all(s.metadata[BOOKKEEPING_KEY] == b"_offset" for s in schemas)
+    assert read_back(collector.files)[1] == {"id": 1, "amount": 7, "_offset": 1}
