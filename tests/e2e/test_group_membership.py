@@ -313,25 +313,33 @@ REPLICAS = 3
 REPLICA_PARTITIONS = 6
 
 
-def test_replicas_of_a_new_group_started_together_all_start_at_latest(bootstrap, ems, unique, service_env, services,
-                                                                     tmp_path):
+@pytest.mark.parametrize("starting", ["latest", "timestamp"])
+def test_replicas_of_a_new_group_started_together_all_start_where_the_setting_says(
+        bootstrap, ems, unique, service_env, services, tmp_path, starting):
     # Issue #38: the first replica resolved `latest` and committed its partitions; the others then saw
     # "the group has committed before" and started theirs at earliest, re-sending the whole backlog.
     topic, group = unique("replicas"), unique("group")
     create_topics(bootstrap, {topic: REPLICA_PARTITIONS})
     produce_orders(bootstrap, topic, keys=3000, updates=2, workload=Workload(), key_prefix="backlog")
     ends = end_offsets(bootstrap, topic, REPLICA_PARTITIONS)
-    envs = [service_env(topic, group, SINK_STARTING_OFFSETS="latest", SINK_FLUSH_INTERVAL_MS=1000,
+    if starting == "timestamp":  # a moment after the backlog: every partition starts at its end
+        time.sleep(0.01)
+        starting = "timestamp:" + time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 1)) + "Z"
+    envs = [service_env(topic, group, SINK_STARTING_OFFSETS=starting, SINK_FLUSH_INTERVAL_MS=1000,
                         SINK_SCRATCH_DIR=str(tmp_path / f"replica-{n}")) for n in range(REPLICAS)]
     replicas = [services(env) for env in envs]  # at once: their starts interleave as they will
-    wait_until(lambda: all(_assigned(s) == REPLICA_PARTITIONS // REPLICAS for s in replicas)
-               and all((s.readiness(int(env["SINK_HTTP_PORT"])) or (0,))[0] == 200
-                       for s, env in zip(replicas, envs, strict=True)), 240,
-               "three ready replicas with two partitions each", process=replicas[0])
-    new = Workload()
-    produce_orders(bootstrap, topic, keys=300, updates=2, workload=new, key_prefix="new")
-    wait_until(lambda: all_committed(bootstrap, group, topic, REPLICA_PARTITIONS) and table_matches(ems, topic, new),
-               180, "the new records delivered", process=replicas[0])
+    try:
+        wait_until(lambda: all(_assigned(s) == REPLICA_PARTITIONS // REPLICAS for s in replicas)
+                   and all((s.readiness(int(env["SINK_HTTP_PORT"])) or (0,))[0] == 200
+                           for s, env in zip(replicas, envs, strict=True)), 240,
+                   "three ready replicas with two partitions each")
+        new = Workload()
+        produce_orders(bootstrap, topic, keys=300, updates=2, workload=new, key_prefix="new")
+        wait_until(lambda: all_committed(bootstrap, group, topic, REPLICA_PARTITIONS), 180,
+                   "the new records delivered")
+    except AssertionError as exc:
+        tails = "\n".join(f"--- replica {n}:\n{s.output()[-2500:]}" for n, s in enumerate(replicas))
+        raise AssertionError(f"{exc}\n{tails}") from None
     samples = [scrape_metrics(int(env["SINK_HTTP_PORT"])) for env in envs]
     assert all(s.terminate() == 0 for s in replicas)
 
