@@ -144,11 +144,16 @@ class DeltaTarget:
     # --- the interface --------------------------------------------------------------------------
 
     def upload(self, path: pathlib.Path, metadata: FileMetadata, on_retry: OnRetry | None = None) -> Receipt:
-        """Merge one file unless the table already holds its range; retried on conflicts and I/O errors."""
+        """Apply one file by hand (`python -m uploader push`: a parked file, or a range an operator repairs).
+
+        Unlike the service's merges it is applied whatever the table's progress, since that progress has
+        usually passed a parked file, and it records none: each row still replaces a key's row only when
+        its order value is higher, so a row older than the table's is ignored (counted in `rows_not_applied`,
+        with deletions of keys the table lacks). Retried on conflicts and I/O errors."""
         path = pathlib.Path(path)
         size = path.stat().st_size
         started = time.monotonic()
-        details, attempts = self.merge([DeltaFile(path, metadata)], on_retry)
+        details, attempts = self.merge([DeltaFile(path, metadata)], on_retry, by_hand=True)
         return Receipt(
             target=self.name,
             location=f"{self.settings.uri_for(metadata.topic)}@v{details['version']}",
@@ -159,9 +164,11 @@ class DeltaTarget:
             details=details,
         )
 
-    def merge(self, files: Sequence[DeltaFile], on_retry: OnRetry | None = None) -> tuple[dict[str, Any], int]:
+    def merge(self, files: Sequence[DeltaFile], on_retry: OnRetry | None = None,
+              by_hand: bool = False) -> tuple[dict[str, Any], int]:
         """Apply files of one table in one commit: the latest row per key across all of them, and every
         partition's progress as its application transaction. A partition's files must come in offset order.
+        `by_hand`: apply every row whatever the table's progress, and record none (see `upload`).
 
         Returns the commit's details and the attempts it took. A refusal (FatalUploadError, reason
         `delta_schema`) carries the files it concerns as `error.files`: one when a file does not fit the
@@ -172,7 +179,7 @@ class DeltaTarget:
         uri = uris.pop()
         with self._lock:  # one merge at a time per target: a second would only conflict with the first
             details, attempts = call_with_retries(
-                lambda attempt: self._apply(files, uri), self.settings.retry, on_retry)
+                lambda attempt: self._apply(files, uri, by_hand), self.settings.retry, on_retry)
             cached = self._tables.get(uri)
             if details.get("committed_version") and cached is not None:  # after our commit; never raises
                 maintenance = maintain(cached[0], self.settings, details["committed_version"])
@@ -217,7 +224,7 @@ class DeltaTarget:
 
     # --- one attempt ----------------------------------------------------------------------------
 
-    def _apply(self, files: Sequence[DeltaFile], uri: str) -> dict[str, Any]:
+    def _apply(self, files: Sequence[DeltaFile], uri: str, by_hand: bool = False) -> dict[str, Any]:
         what = f"Delta merge of {_describe(files)} into {uri}"
         pieces: list[_Piece] = []
         try:
@@ -229,7 +236,7 @@ class DeltaTarget:
                 metadata = file.metadata
                 app_id = self.settings.app_id(metadata.topic, metadata.partition)
                 if app_id not in seen:
-                    seen[app_id] = table.transaction_version(app_id) if table is not None else None
+                    seen[app_id] = table.transaction_version(app_id) if table is not None and not by_hand else None
                 done = ends.get(app_id, seen[app_id])  # an earlier file of this merge, else the table's progress
                 if done is not None and done > metadata.last_offset:
                     log.info("%s: %s skipped: the table already holds %s up to offset %d", what,
@@ -247,7 +254,8 @@ class DeltaTarget:
                     applied_from = done
                 rows = rows.drop_columns(list(bookkeeping_columns(rows.schema)))
                 pieces.append(_Piece(metadata, _storable(rows), app_id, applied_from))
-                ends[app_id] = metadata.last_offset + 1
+                if not by_hand:
+                    ends[app_id] = metadata.last_offset + 1
             if not pieces:
                 return {"version": table.version(), "skipped": True, "skipped_files": skipped, "applied": []}
             if table is None:
@@ -255,8 +263,9 @@ class DeltaTarget:
             rows = self._fitted(pieces, table, uri, files[0].path.parent)
             # Creating or widening the table loaded its newest snapshot: a rival's commit read there (a zombie's
             # merge of these ranges) would not fail ours, which only conflicts with commits after it.
-            _require_same_progress(table, seen, uri)
-            applied = [piece.describe() for piece in pieces]
+            if not by_hand:
+                _require_same_progress(table, seen, uri)
+            applied = [{**piece.describe(), **({"by_hand": True} if by_hand else {})} for piece in pieces]
             commit = CommitProperties(
                 app_transactions=[Transaction(app_id, end) for app_id, end in ends.items()],
                 max_commit_retries=0,
@@ -270,7 +279,7 @@ class DeltaTarget:
             if not keys:
                 write_deltalake(table, rows, mode="append", schema_mode="merge", commit_properties=commit)
                 counts = {"num_target_rows_inserted": rows.num_rows}
-            if table.version() == read_version:
+            if table.version() == read_version and ends:
                 # A merge that changes no row (every row older than the table's) commits nothing, not even
                 # its application transactions: the ranges are recorded by a commit of their own without
                 # rows, so the table's progress never lags what it has taken in and a replay is skipped.
@@ -285,9 +294,11 @@ class DeltaTarget:
             raise classify_error(exc, what=what, files=[p.metadata for p in pieces] or
                                  [f.metadata for f in files]) from exc
         log.debug("%s applied as version %d: %s", what, committed, counts)
-        return {"version": committed, "committed_version": committed, "skipped": False,
-                "skipped_files": skipped, "applied": applied,
-                "covered_to": ends, "rows": rows.num_rows,
+        changed = sum(counts.get(k, 0) for k in ("num_target_rows_inserted", "num_target_rows_updated",
+                                                  "num_target_rows_deleted"))
+        return {"version": committed, "committed_version": committed if committed != read_version else None,
+                "skipped": False, "skipped_files": skipped, "applied": applied,
+                "covered_to": ends, "rows": rows.num_rows, "rows_not_applied": max(0, counts.get("num_source_rows", rows.num_rows) - changed),
                 **{k: v for k, v in counts.items() if k.startswith("num_")}}
 
     def _fitted(self, pieces: list[_Piece], table: DeltaTable, uri: str, scratch: pathlib.Path) -> pa.Table:

@@ -22,6 +22,7 @@ import uploader.delta_maintenance as maintenance
 from tests.component.uploader.test_uploader_delta import (  # noqa: F401 (fixtures)
     SCHEMA,
     Place,
+    merge_one,
     parquet,
     place,
     row,
@@ -65,9 +66,9 @@ def test_compaction_on_a_version_multiple_keeps_rows_and_application_transaction
     target = place.target(compact_every_commits=10, vacuum_every_commits=0)
     files = files_of(rows_per_file=5, files=25)
     paths = [(parquet(rows), span(rows, p)) for p, rows in files]
-    receipts = [target.upload(path, meta) for path, meta in paths]
+    receipts = [merge_one(target, path, meta) for path, meta in paths]
 
-    ran = [r.details["maintenance"] for r in receipts if "maintenance" in r.details]
+    ran = [r["maintenance"] for r in receipts if "maintenance" in r]
     assert [m["at_version"] for m in ran] == [10, 20]  # version 0 is the create; merge n commits version n
     assert not any(m["failed"] for m in ran) and ran[0]["compact"]["numFilesRemoved"] > 1
     expected = expected_of(files)
@@ -78,8 +79,8 @@ def test_compaction_on_a_version_multiple_keeps_rows_and_application_transaction
     # Exactly-once bookkeeping survived: every file replayed, by this and by a fresh target, is skipped.
     version = place.table().version()
     for path, meta in paths:
-        assert target.upload(path, meta).details["skipped"]
-        assert place.target().upload(path, meta).details["skipped"]
+        assert merge_one(target, path, meta)["skipped"]
+        assert merge_one(place.target(), path, meta)["skipped"]
     assert place.table().version() == version
     assert set(place.applications().values()) == {1} and len(place.applications()) == 25
 
@@ -96,7 +97,7 @@ def test_transactions_survive_compaction_checkpoint_and_log_cleanup(tmp_path, pa
     files = files_of(rows_per_file=3, files=12)
     paths = [(parquet(rows), span(rows, p)) for p, rows in files]
     for path, meta in paths:
-        target.upload(path, meta)
+        merge_one(target, path, meta)
     before = transactions(place)
 
     table = place.table()
@@ -111,7 +112,7 @@ def test_transactions_survive_compaction_checkpoint_and_log_cleanup(tmp_path, pa
     assert any(name.endswith(".checkpoint.parquet") for name in log)
     assert transactions(place) == before
     for path, meta in paths[:3]:
-        assert place.target().upload(path, meta).details["skipped"]
+        assert merge_one(place.target(), path, meta)["skipped"]
     assert place.rows() == expected_of(files)
 
 
@@ -122,7 +123,7 @@ def test_our_commits_write_checkpoints_every_checkpoint_interval_with_the_transa
         table_uri=uri, group_id="g1", compact_every_commits=0), None, None)
     target = place.target()
     for p, rows in files_of(rows_per_file=2, files=9):
-        target.upload(parquet(rows), span(rows, p))
+        merge_one(target, parquet(rows), span(rows, p))
     log = tmp_path / "orders" / "_delta_log"
     checkpoints = sorted(name for name in os.listdir(log) if name.endswith(".checkpoint.parquet"))
     # Nine merges after the create: versions 0-9; a checkpoint after every fourth commit (versions 3, 7).
@@ -143,20 +144,20 @@ def test_a_compaction_that_loses_to_a_concurrent_merge_is_skipped_and_the_upload
     def raced(table: DeltaTable, version: int) -> dict:
         table.update_incremental()
         theirs = [row(1, 500, "RIVAL", 5.0)]  # key 1 lives in an early file: that file is rewritten
-        rival.upload(parquet(theirs), span(theirs, partition=7))
+        merge_one(rival, parquet(theirs), span(theirs, partition=7))
         return table.optimize.compact()  # from the snapshot before the rival's merge
 
     monkeypatch.setattr(maintenance, "_compact", raced)
     files = [(0, [row(k, k, "A")]) for k in range(1, 7)]
-    receipts = [target.upload(parquet(rows), span(rows, p)) for p, rows in files]
-    report = receipts[-1].details["maintenance"]
+    receipts = [merge_one(target, parquet(rows), span(rows, p)) for p, rows in files]
+    report = receipts[-1]["maintenance"]
     assert report["failed"] == ["compact"] and "concurrent transaction" in report["compact"]
     assert place.rows()[1] == row(1, 500, "RIVAL", 5.0) and set(place.rows()) == set(range(1, 7))
 
     monkeypatch.setattr(maintenance, "_compact", real)  # the next multiple compacts
     more = [(0, [row(k, k, "B")]) for k in range(7, 13)]
-    receipts = [target.upload(parquet(rows), span(rows, p)) for p, rows in more]
-    assert any(not r.details.get("maintenance", {"failed": ["x"]})["failed"] for r in receipts)
+    receipts = [merge_one(target, parquet(rows), span(rows, p)) for p, rows in more]
+    assert any(not r.get("maintenance", {"failed": ["x"]})["failed"] for r in receipts)
     assert place.rows()[1] == row(1, 500, "RIVAL", 5.0) and set(place.rows()) == set(range(1, 13))
     assert set(place.applications().values()) == {1} and len(place.applications()) == 13
 
@@ -167,16 +168,16 @@ def test_a_failing_maintenance_never_fails_the_upload(place, parquet, monkeypatc
 
     monkeypatch.setattr(maintenance, "_compact", broken)
     target = place.target(compact_every_commits=1, vacuum_every_commits=0)
-    receipt = target.upload(parquet([row(1, 0)]), span([row(1, 0)]))
-    assert receipt.details["maintenance"]["failed"] == ["compact"]
+    receipt = merge_one(target, parquet([row(1, 0)]), span([row(1, 0)]))
+    assert receipt["maintenance"]["failed"] == ["compact"]
     assert place.rows() == {1: row(1, 0)}
 
 
 def test_vacuum_keeps_files_younger_than_the_retention(place, parquet):
     target = place.target(compact_every_commits=5, vacuum_every_commits=5)  # retention: the default 168 h
     for p, rows in files_of(rows_per_file=4, files=5):
-        receipt = target.upload(parquet(rows), span(rows, p))
-    report = receipt.details["maintenance"]
+        receipt = merge_one(target, parquet(rows), span(rows, p))
+    report = receipt["maintenance"]
     assert report["vacuum"] == {"deleted_files": 0, "retention_hours": 168}  # compacted files: minutes old
     assert report["compact"]["numFilesRemoved"] > 1
 

@@ -32,7 +32,7 @@ from sink_service.config import load_config
 from sink_service.config.upload_targets import target_settings
 from tests.support.uploader_fixtures import metadata_builder
 from uploader.classify import CA_BUNDLE_SETTING
-from uploader.delta import DeltaTarget
+from uploader.delta import DeltaFile, DeltaTarget
 from uploader.delta_settings import DeltaSettings
 from uploader.delta_storage import storage_options
 from uploader.errors import FatalUploadError
@@ -168,9 +168,9 @@ def test_with_the_bundle_the_merge_succeeds_and_the_table_reads_back(relay, buck
     first = [{"id": 1, "status": "NEW", "_offset": 0}, {"id": 2, "status": "NEW", "_offset": 1}]
     second = [{"id": 1, "status": "PAID", "_offset": 2}]
     with DeltaTarget(settings(relay, bucket, bundle)) as target:
-        assert target.upload(parquet(tmp_path, first), span(first)).attempts == 1
-        receipt = target.upload(parquet(tmp_path, second), span(second))
-        assert receipt.attempts == 1 and not receipt.details["skipped"]
+        assert target.merge([DeltaFile(parquet(tmp_path, first), span(first))])[1] == 1
+        details, attempts = target.merge([DeltaFile(parquet(tmp_path, second), span(second))])
+        assert attempts == 1 and not details["skipped"]
     options = storage_options(settings(relay, bucket, bundle))
     assert options["certificate_path"] == str(bundle)
     table = DeltaTable(f"s3://{bucket}/lake/orders", storage_options=options)

@@ -130,8 +130,13 @@ def span(rows: list[dict], partition: int = 0) -> FileMetadata:
     return metadata(partition=partition, first_offset=min(offsets), last_offset=max(offsets), record_count=len(rows))
 
 
-def upload(target: DeltaTarget, parquet: Callable[..., Path], rows: list[dict], partition: int = 0):
-    return target.upload(parquet(rows), span(rows, partition))
+def merge_one(target: DeltaTarget, path: Path, meta: FileMetadata, on_retry=None) -> dict:
+    """What the service's driver does with one staged file: a merge that skips what the table holds."""
+    return target.merge([DeltaFile(path, meta)], on_retry)[0]
+
+
+def upload(target: DeltaTarget, parquet: Callable[..., Path], rows: list[dict], partition: int = 0) -> dict:
+    return merge_one(target, parquet(rows), span(rows, partition))
 
 
 def test_latest_row_per_key_through_updates_and_soft_deletes(place, parquet):
@@ -152,14 +157,14 @@ def test_a_replayed_file_changes_nothing_and_is_applied_once(place, parquet):
     target = place.target()
     rows = [row(1, 10), row(2, 11)]
     path = parquet(rows)
-    first = target.upload(path, span(rows))
+    first = merge_one(target, path, span(rows))
     version = place.table().version()
 
-    again = target.upload(path, span(rows))  # the same worker replays it (its upload was not committed in Kafka)
-    fresh = place.target().upload(path, span(rows))  # a restarted service replays it
+    again = merge_one(target, path, span(rows))  # the same worker replays it (its upload was not committed in Kafka)
+    fresh = merge_one(place.target(), path, span(rows))  # a restarted service replays it
 
     assert place.table().version() == version
-    assert again.details["skipped"] and fresh.details["skipped"] and not first.details["skipped"]
+    assert again["skipped"] and fresh["skipped"] and not first["skipped"]
     assert place.applications() == Counter({span(rows).file_name(): 1})
     assert place.table().transaction_version("kafka-parquet-sink/g1/orders/0") == 12
 
@@ -170,7 +175,7 @@ def test_a_replay_whose_file_overlaps_the_table_applies_only_the_new_offsets(pla
     # After a crash the range is read again from Kafka's (older) committed offset and cut differently.
     receipt = upload(place.target(), parquet, [row(1, 10, "A"), row(2, 11, "A"), row(2, 12, "B"), row(3, 13, "B")])
 
-    assert receipt.details["rows"] == 2  # offsets 12 and 13 only
+    assert receipt["rows"] == 2  # offsets 12 and 13 only
     assert place.rows() == {1: row(1, 10, "A"), 2: row(2, 12, "B"), 3: row(3, 13, "B")}
     assert place.table().transaction_version("kafka-parquet-sink/g1/orders/0") == 14
 
@@ -193,9 +198,9 @@ def test_a_file_that_changes_no_row_still_records_its_range_and_a_replay_is_skip
     # delta-rs commits nothing for a merge that changes no row, not even its application transaction:
     # the range is recorded by a commit without rows.
     assert place.table().transaction_version("kafka-parquet-sink/g1/orders/1") == 7
-    assert first.details["committed_version"] == place.table().version()
+    assert first["committed_version"] == place.table().version()
     replay = upload(place.target(), parquet, older, partition=1)
-    assert replay.details["skipped"]
+    assert replay["skipped"]
     assert place.rows() == {1: row(1, 50), 2: row(2, 51)}
     assert place.applications() == Counter({span(older, 1).file_name(): 1,
                                             span([row(1, 50), row(2, 51)]).file_name(): 1})
@@ -222,14 +227,14 @@ def test_new_columns_are_added_and_a_narrowing_is_a_content_rejection(place, par
     target = place.target()
     upload(target, parquet, [row(1, 0)])
     wider = SCHEMA.append(pa.field("note", pa.string()))
-    target.upload(parquet([{**row(2, 1), "note": "hello"}], wider), span([row(2, 1)]))
+    merge_one(target, parquet([{**row(2, 1), "note": "hello"}], wider), span([row(2, 1)]))
     assert place.rows()[2]["note"] == "hello" and place.rows()[1]["note"] is None
 
     narrow = pa.schema([("id", pa.int64()), ("status", pa.string()), ("amount", pa.string()),
                         ("_offset", pa.int64()), ("_deleted", pa.bool_())])
     bad = {**row(3, 2), "amount": "a lot"}
     with pytest.raises(FatalUploadError) as caught:
-        target.upload(parquet([bad], narrow), span([bad]))
+        merge_one(target, parquet([bad], narrow), span([bad]))
     error = caught.value
     assert error.reason == NARROWING and error.setting == "SINK_REJECTED_FILE_POLICY"
     for words in ("topic orders", "partition 0", "offsets 2-2", "'amount'", "SINK_REJECTED_FILE_POLICY=park",
@@ -259,11 +264,11 @@ def test_a_double_for_a_long_column_widens_the_table_once_and_keeps_the_transact
     """delta-rs alone would store 9.5 as 9 in a long column; the table is rewritten with amount as double."""
     target = place.target()
     first = [{**row(1, 0), "amount": 1}, {**row(2, 1), "amount": 2}]
-    target.upload(parquet(first, typed(pa.int64())), span(first))
+    merge_one(target, parquet(first, typed(pa.int64())), span(first))
     other = [{**row(7, 40), "amount": 7}]
-    target.upload(parquet(other, typed(pa.int64())), span(other, partition=3))
+    merge_one(target, parquet(other, typed(pa.int64())), span(other, partition=3))
     wider = [{**row(2, 2), "amount": 9.5}, {**row(3, 3), "amount": 2.0**53}]
-    target.upload(parquet(wider, typed(pa.float64())), span(wider))
+    merge_one(target, parquet(wider, typed(pa.float64())), span(wider))
 
     assert pa.schema(place.table().schema().to_arrow()).field("amount").type == pa.float64()
     expected = {1: {**row(1, 0), "amount": 1.0}, 2: {**row(2, 2), "amount": 9.5}, 3: {**row(3, 3), "amount": 2.0**53},
@@ -277,9 +282,9 @@ def test_a_double_for_a_long_column_widens_the_table_once_and_keeps_the_transact
     assert set(place.applications().values()) == {1} and len(place.applications()) == 3
 
     # Replays after the widening are still skipped; a later int file is cast up, no second rewrite.
-    assert target.upload(parquet(wider, typed(pa.float64())), span(wider)).details["skipped"]
+    assert merge_one(target, parquet(wider, typed(pa.float64())), span(wider))["skipped"]
     later = [{**row(4, 4), "amount": 4}]
-    target.upload(parquet(later, typed(pa.int64())), span(later))
+    merge_one(target, parquet(later, typed(pa.int64())), span(later))
     assert place.rows()[4]["amount"] == 4.0
     if place.fs is None:
         assert len(widenings(place)) == 1
@@ -290,14 +295,14 @@ def test_an_int_file_into_a_double_column_is_cast_up_and_an_inexact_one_refused(
     upload(target, parquet, [row(1, 0, amount=0.5)])
     version = place.table().version()
     ints = [{**row(2, 1), "amount": 3}]
-    target.upload(parquet(ints, typed(pa.int64())), span(ints))
+    merge_one(target, parquet(ints, typed(pa.int64())), span(ints))
     assert place.rows()[2]["amount"] == 3.0 and place.table().version() == version + 1  # no rewrite
     assert pa.schema(place.table().schema().to_arrow()).field("amount").type == pa.float64()
 
     # 2**53 + 1 has no exact double: the lattice makes it text, which needs SINK_DELTA_WIDEN_TO_STRING.
     big = [{**row(3, 2), "amount": 2**53 + 1}]
     with pytest.raises(FatalUploadError) as caught:
-        target.upload(parquet(big, typed(pa.int64())), span(big))
+        merge_one(target, parquet(big, typed(pa.int64())), span(big))
     assert caught.value.reason == NARROWING and "'amount'" in str(caught.value)
     assert set(place.rows()) == {1, 2}
 
@@ -305,10 +310,10 @@ def test_an_int_file_into_a_double_column_is_cast_up_and_an_inexact_one_refused(
 def test_a_string_for_a_long_column_is_refused_unless_widening_to_text_is_allowed(place, parquet):
     target = place.target()
     first = [{**row(1, 0), "amount": 12}, {**row(2, 1), "amount": 2**60}]
-    target.upload(parquet(first, typed(pa.int64())), span(first))
+    merge_one(target, parquet(first, typed(pa.int64())), span(first))
     text = [{**row(3, 2), "amount": "a lot"}]
     with pytest.raises(FatalUploadError) as caught:
-        target.upload(parquet(text, typed(pa.string())), span(text))
+        merge_one(target, parquet(text, typed(pa.string())), span(text))
     error = caught.value
     assert error.reason == NARROWING and error.setting == "SINK_REJECTED_FILE_POLICY"
     for words in ("topic orders", "partition 0", "offsets 2-2", "'amount'", "SINK_REJECTED_FILE_POLICY=park",
@@ -317,13 +322,13 @@ def test_a_string_for_a_long_column_is_refused_unless_widening_to_text_is_allowe
     assert pa.schema(place.table().schema().to_arrow()).field("amount").type == pa.int64()
 
     allowed = place.target(widen_to_string=True)
-    allowed.upload(parquet(text, typed(pa.string())), span(text))
+    merge_one(allowed, parquet(text, typed(pa.string())), span(text))
     expected = {1: {**row(1, 0), "amount": "12"}, 2: {**row(2, 1), "amount": str(2**60)},
                 3: {**row(3, 2), "amount": "a lot"}}
     assert place.rows() == expected and place.rows_from_files() == expected
     assert place.table().transaction_version("kafka-parquet-sink/g1/orders/0") == 3
     later = [{**row(4, 3), "amount": 1.5}]  # a double now fits the text column as the decoder writes it
-    allowed.upload(parquet(later, typed(pa.float64())), span(later))
+    merge_one(allowed, parquet(later, typed(pa.float64())), span(later))
     assert place.rows()[4]["amount"] == "1.5"
 
 
@@ -334,7 +339,7 @@ def test_a_widening_that_loses_a_race_is_a_retried_conflict_applied_once(place, 
 
     target, rival = place.target(), place.target()
     first = [{**row(1, 0), "amount": 1}]
-    target.upload(parquet(first, typed(pa.int64())), span(first))
+    merge_one(target, parquet(first, typed(pa.int64())), span(first))
     real = delta_module.write_deltalake
     raced: list[int] = []
 
@@ -342,13 +347,13 @@ def test_a_widening_that_loses_a_race_is_a_retried_conflict_applied_once(place, 
         if kwargs.get("mode") == "overwrite" and not raced:
             raced.append(1)
             theirs = [{**row(5, 100), "amount": 5}]
-            rival.upload(parquet(theirs, typed(pa.int64())), span(theirs, partition=1))
+            merge_one(rival, parquet(theirs, typed(pa.int64())), span(theirs, partition=1))
         return real(table, data, **kwargs)
 
     monkeypatch.setattr(delta_module, "write_deltalake", racing)
     retries: Counter = Counter()
     wider = [{**row(2, 1), "amount": 2.5}]
-    target.upload(parquet(wider, typed(pa.float64())), span(wider),
+    merge_one(target, parquet(wider, typed(pa.float64())), span(wider),
                   on_retry=lambda e, attempt, wait: retries.update([e.reason]))
 
     assert retries == Counter({CONFLICT: 1})
@@ -371,10 +376,10 @@ def test_two_writers_on_one_table_retry_their_conflicts_and_lose_nothing(place, 
         target = place.target()
         try:
             for rows in files[partition]:
-                target.upload(parquet(rows), span(rows, partition),
+                merge_one(target, parquet(rows), span(rows, partition),
                               on_retry=lambda e, attempt, wait: retries.update([e.reason]))
             for rows, path in zip(shared, shared_paths, strict=True):  # both writers apply partition 9's files
-                target.upload(path, span(rows, 9), on_retry=lambda e, attempt, wait: retries.update([e.reason]))
+                merge_one(target, path, span(rows, 9), on_retry=lambda e, attempt, wait: retries.update([e.reason]))
         except BaseException as exc:
             errors.append(exc)
 
@@ -400,7 +405,7 @@ def test_without_primary_keys_rows_are_appended_once(place, parquet):
     rows = [row(1, 0), row(1, 1)]
     path = parquet(rows)
     for _ in range(2):
-        target.upload(path, dataclasses.replace(span(rows), primary_keys=(), order_column=None))
+        merge_one(target, path, dataclasses.replace(span(rows), primary_keys=(), order_column=None))
     assert place.table().to_pyarrow_table().num_rows == 2
 
 
@@ -449,7 +454,7 @@ def test_one_commit_applies_every_file_as_one_at_a_time_would(place, parquet, tm
         table_uri=str(tmp_path / "one" / "{topic}"), group_id="g1"), None, None)
     target = one_by_one.target()
     for partition, rows in FILES:
-        target.upload(parquet(rows), span(rows, partition))
+        merge_one(target, parquet(rows), span(rows, partition))
     assert place.rows() == one_by_one.rows()
     assert place.rows_from_files() == one_by_one.rows()
 
@@ -464,7 +469,7 @@ def test_a_tie_on_the_order_column_keeps_the_earlier_file_as_one_at_a_time_would
 
 def test_files_the_table_holds_are_skipped_and_an_overlap_is_cut(place, parquet):
     target = place.target()
-    target.upload(parquet([row(1, 0), row(2, 1)]), span([row(1, 0), row(2, 1)]))
+    merge_one(target, parquet([row(1, 0), row(2, 1)]), span([row(1, 0), row(2, 1)]))
     replay = [(0, [row(1, 0), row(2, 1)]),  # held: skipped
               (0, [row(2, 1), row(3, 2, "NEW")]),  # overlaps: only offset 2
               (1, [row(9, 0)])]
@@ -479,7 +484,7 @@ def test_files_the_table_holds_are_skipped_and_an_overlap_is_cut(place, parquet)
 
 def test_a_file_that_does_not_fit_is_named_alone_and_nothing_is_committed(place, parquet):
     target = place.target()
-    target.upload(parquet([row(1, 0)]), span([row(1, 0)]))
+    merge_one(target, parquet([row(1, 0)]), span([row(1, 0)]))
     version = place.table().version()
     texty = pa.schema([f.with_type(pa.string()) if f.name == "amount" else f for f in SCHEMA])
     bad = [{**row(3, 1), "amount": "a lot"}]
@@ -496,7 +501,7 @@ def test_a_file_that_does_not_fit_is_named_alone_and_nothing_is_committed(place,
 
 def test_a_wider_column_in_one_file_and_a_new_one_in_two_types_widen_once(place, parquet):
     target = place.target()
-    target.upload(parquet([row(1, 0)]), span([row(1, 0)]))
+    merge_one(target, parquet([row(1, 0)]), span([row(1, 0)]))
     longs = pa.schema([*SCHEMA, ("qty", pa.int64())])
     doubles = pa.schema([*(f.with_type(pa.float64()) if f.name == "id" else f for f in SCHEMA),
                          ("qty", pa.float64())])

@@ -33,6 +33,7 @@ from sink_service.driver.metrics import SinkMetrics
 from tests.component.uploader.test_uploader_delta import (  # noqa: F401 (fixtures)
     FAST,
     Place,
+    merge_one,
     parquet,
     place,
     row,
@@ -76,7 +77,7 @@ def lose_a_commit_race(place: Place, parquet, key: int) -> None:
     new key, so no file is rewritten (a rewritten file is the log's to vacuum, not an orphan)."""
     stale = place.table()
     rows = [row(100 + key, 1000 + key, "RIVAL")]
-    place.target().upload(parquet(rows), span(rows, partition=9))
+    merge_one(place.target(), parquet(rows), span(rows, partition=9))
     with pytest.raises(CommitFailedError):
         stale.merge(pa.Table.from_pylist([row(key, 2000 + key, "LOST")]), predicate="t.id = s.id",
                     source_alias="s", target_alias="t", commit_properties=CommitProperties(max_commit_retries=0)
@@ -88,7 +89,7 @@ def test_a_lost_merges_files_are_vacuumed_once_older_than_the_retention_and_noth
     place = Place(uri, DeltaSettings(table_uri=uri, group_id="g1", retry=FAST), None, None)
     target = place.target(compact_every_commits=0, vacuum_every_commits=0)
     for k in range(3):
-        target.upload(parquet([row(k, k)]), span([row(k, k)]))
+        merge_one(target, parquet([row(k, k)]), span([row(k, k)]))
     lose_a_commit_race(place, parquet, key=1)
     root = tmp_path / "tables" / "orders"
     orphans = data_files(place) - referenced(place)
@@ -118,7 +119,7 @@ def test_a_lost_merges_files_are_vacuumed_on_s3(place, parquet):
     """On S3 (moto cannot age an object), with a retention of 0: only the full vacuum lists unreferenced files."""
     target = place.target(compact_every_commits=0, vacuum_every_commits=0)
     for k in range(3):
-        target.upload(parquet([row(k, k)]), span([row(k, k)]))
+        merge_one(target, parquet([row(k, k)]), span([row(k, k)]))
     lose_a_commit_race(place, parquet, key=1)
     before = data_files(place)
     assert len(before - referenced(place)) == 1
@@ -148,10 +149,10 @@ def test_a_crashed_widenings_scratch_is_removed_by_maintenance_and_at_a_querys_s
     partition = tmp_path / "tables" / "orders" / STAGING_DIR / "g1" / "orders"
     old = crashed_widening(partition / "0", WIDEN_LEFTOVER_AGE_S + 60)
     live = crashed_widening(partition / "0", 60)  # a widening still running (or just killed): kept
-    target.upload(parquet([row(1, 0)]), span([row(1, 0)]))
-    receipt = target.upload(parquet([row(2, 1)]), span([row(2, 1)]))  # version 2: a compaction round
+    merge_one(target, parquet([row(1, 0)]), span([row(1, 0)]))
+    receipt = merge_one(target, parquet([row(2, 1)]), span([row(2, 1)]))  # version 2: a compaction round
 
-    assert receipt.details["maintenance"]["widen_leftovers"] == 1
+    assert receipt["maintenance"]["widen_leftovers"] == 1
     assert not old.exists() and live.exists()
 
     other = crashed_widening(partition / "3", WIDEN_LEFTOVER_AGE_S + 60)
