@@ -296,9 +296,10 @@ class DeltaTarget:
         log.debug("%s applied as version %d: %s", what, committed, counts)
         changed = sum(counts.get(k, 0) for k in ("num_target_rows_inserted", "num_target_rows_updated",
                                                   "num_target_rows_deleted"))
+        not_applied = max(0, counts.get("num_source_rows", rows.num_rows) - changed)
         return {"version": committed, "committed_version": committed if committed != read_version else None,
                 "skipped": False, "skipped_files": skipped, "applied": applied,
-                "covered_to": ends, "rows": rows.num_rows, "rows_not_applied": max(0, counts.get("num_source_rows", rows.num_rows) - changed),
+                "covered_to": ends, "rows": rows.num_rows, "rows_not_applied": not_applied,
                 **{k: v for k, v in counts.items() if k.startswith("num_")}}
 
     def _fitted(self, pieces: list[_Piece], table: DeltaTable, uri: str, scratch: pathlib.Path) -> pa.Table:
