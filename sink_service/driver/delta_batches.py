@@ -128,32 +128,36 @@ class DeltaBatches:
                 return
 
     def _apply(self, group: list[StagedUpload]) -> None:
+        """Each staged file downloaded once for the group, however many merges finding a refused file takes."""
+        try:
+            self._merge([DeltaFile(self._local(upload), upload.metadata) for upload in group])
+        finally:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def _merge(self, files: list[DeltaFile]) -> None:
         started = time.monotonic()
-        files = [DeltaFile(self._local(upload), upload.metadata) for upload in group]
         try:
             details, attempts = self.target.merge(files, on_retry=self._count_retry)
         except DeltaRefusal as refusal:
             if len(refusal.files) > 1:  # delta-rs refused the merge as a whole: find the file one by one
-                for upload in group:
-                    self._apply([upload])
+                for file in files:
+                    self._merge([file])
                 return
             if self.parking is None:
                 raise
             refused = refusal.files[0]
             self._park(next(f for f in files if f.metadata == refused), refusal)
-            rest = [upload for upload in group if upload.metadata != refused]
+            rest = [file for file in files if file.metadata != refused]
             if rest:
-                self._apply(rest)
+                self._merge(rest)
             return
-        finally:
-            shutil.rmtree(self.scratch, ignore_errors=True)
         duration = time.monotonic() - started
         self.metrics.delta_merge_duration.observe(duration)
         self.metrics.record_delta_maintenance(details.get("maintenance") or {})
         applied = details.get("applied", [])
         log.info("merged %d staged file(s) (%d skipped as held already) into %s as version %s in %.2fs, "
                  "%d attempt(s): %s", len(applied), len(details.get("skipped_files", [])),
-                 self.settings.uri_for(group[0].metadata.topic), details.get("version"), duration, attempts,
+                 self.settings.uri_for(files[0].metadata.topic), details.get("version"), duration, attempts,
                  {k: v for k, v in details.items() if k.startswith("num_")} or "nothing changed",
                  extra={"fields": {"event": "delta_merge", "files": len(applied), "version": details.get("version"),
                                    "attempts": attempts, "duration_s": round(duration, 3)}})

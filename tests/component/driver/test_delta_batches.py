@@ -138,3 +138,35 @@ def test_a_refused_file_is_parked_and_the_rest_merged_or_under_fail_nothing_is(s
                                              {"topic": "orders", "reason": NARROWING}) == 1
     applied = [f["file"] for c in table.history() for f in applied_files(c)] if not settings.on_s3() else None
     assert applied is None or not any("firstOffset-2_" in f and "partition-0" in f for f in applied)
+
+
+def test_finding_the_refused_file_downloads_each_staged_file_once(settings, tmp_path, monkeypatch):
+    """Parking one file and merging the rest, or splitting a merge delta-rs refused as a whole, reuses the
+    group's downloads: each step once fetched every remaining file again."""
+    batch = Batch(settings, tmp_path)
+    batch.stage(0, 0, [1, 2])
+    _batches(settings, tmp_path, SinkMetrics(), park=False).merge(batch.outcome_rows(), {("orders", 0): 2})
+    later = Batch(settings, tmp_path)
+    later.stage(0, 2, [3])
+    later.stage(0, 3, ["not-a-number"], TEXT)
+    later.stage(1, 0, [4])
+    later.stage(1, 1, [5])
+    merger = _batches(settings, tmp_path, SinkMetrics(), park=True)
+    fetched: list[str] = []
+    real_local = merger._local
+    monkeypatch.setattr(merger, "_local", lambda upload: fetched.append(upload.location) or real_local(upload))
+    real_merge = merger.target.merge
+    whole: list[int] = []
+
+    def refuse_the_first_group_as_a_whole(files, on_retry=None):
+        if not whole:  # as delta-rs does when its own cast fails on the merged source
+            whole.append(len(files))
+            raise DeltaRefusal([f.metadata for f in files], "table", "Cast error: made up")
+        return real_merge(files, on_retry)
+    monkeypatch.setattr(merger.target, "merge", refuse_the_first_group_as_a_whole)
+
+    merger.merge(later.outcome_rows(), {("orders", 0): 4, ("orders", 1): 2})
+
+    assert whole == [4]
+    assert sorted(fetched) == sorted(f["location"] for files in later.rows.values() for f in files)
+    assert sorted(r["id"] for r in _table(settings).to_pyarrow_table().to_pylist()) == [1, 2, 3, 4, 5]
