@@ -85,7 +85,8 @@ class TargetSettings:
         "(none by default). Ignored for a table that exists.", (), group="Target")
     delta_hard_deletes: bool = setting(
         "SINK_DELTA_HARD_DELETES", "With `SINK_TARGET=delta` and `SINK_TOMBSTONES=soft-delete`: a tombstone "
-        "newer than the key's row deletes that row from the table instead of storing it with `_deleted=true`.",
+        "newer than the key's row deletes that row from the table instead of storing it with `_deleted=true`. "
+        "Needs `SINK_ORDER_FIELD=_offset`.",
         False, group="Target")
     delta_merge_max_bytes: int = setting(
         "SINK_DELTA_MERGE_MAX_BYTES", "The driver merges a micro-batch's staged files into the Delta table in "
@@ -170,4 +171,10 @@ def check_delta(c: object) -> list[str]:
     if getattr(c, "delta_hard_deletes", False) and getattr(c, "tombstones", "") != "soft-delete":
         problems.append("SINK_DELTA_HARD_DELETES=true needs SINK_TOMBSTONES=soft-delete: deletes reach the "
                         "table as rows with `_deleted=true`.")
+    if getattr(c, "delta_hard_deletes", False) and getattr(c, "order_field", "_offset") != "_offset":
+        problems.append(f"SINK_DELTA_HARD_DELETES=true needs SINK_ORDER_FIELD=_offset (the default), not "
+                        f"{c.order_field}: a deleted key leaves no row to compare a late, older record with, so "
+                        "under another order field that record would bring the key back or not depending on how "
+                        "the records were batched. Keep soft deletes (rows with `_deleted=true`; read through a view "
+                        "that filters them), or order by `_offset`.")
     return problems

@@ -129,3 +129,12 @@ def test_a_record_that_clears_every_value_field_clears_the_row(tmp_path: Path, b
     phases = [[(1, {"amount": 5, "customer": {"name": "n"}})], [(1, {"amount": None})]]
     uri = _apply(tmp_path, _files(tmp_path, phases), batching)
     assert _table_rows(uri) == {1: {"id": 1, "_offset": 1, "_deleted": False}}
+
+
+@pytest.mark.parametrize("batching", list(BATCHINGS))
+def test_hard_deletes_end_the_same_whatever_the_batching(tmp_path: Path, batching: str) -> None:
+    """Ordered by offset (SINK_DELTA_HARD_DELETES requires it), a later merge never carries an older row of a
+    deleted key, so a key deleted and then written again, or deleted for good, ends the same in every batching."""
+    phases = [[(1, {"amount": 1}), (2, {"amount": 2})], [(1, None)], [(1, {"amount": 3}), (2, None)], [(3, None)]]
+    uri = _apply(tmp_path, _files(tmp_path, phases), batching, hard_deletes=True)
+    assert _table_rows(uri) == {k: v for k, v in _expected(phases).items() if not v["_deleted"]}

@@ -424,6 +424,9 @@ def test_the_service_configuration_builds_a_delta_target(monkeypatch, tmp_path):
         load_config({**env, "SINK_DELTA_TABLE_URI": ""})
     with pytest.raises(ConfigError, match="SINK_DELTA_HARD_DELETES=true needs SINK_TOMBSTONES=soft-delete"):
         load_config({**env, "SINK_DELTA_HARD_DELETES": "true"})
+    with pytest.raises(ConfigError, match="SINK_DELTA_HARD_DELETES=true needs SINK_ORDER_FIELD=_offset"):
+        load_config({**env, "SINK_DELTA_HARD_DELETES": "true", "SINK_TOMBSTONES": "soft-delete",
+                     "SINK_ORDER_FIELD": "updated_at"})
 
 
 # --- several files in one commit (DeltaTarget.merge, as the driver merges a micro-batch) -----------------
