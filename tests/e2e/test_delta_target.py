@@ -21,7 +21,8 @@ import boto3
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
+from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from devkit.kafka_data import Workload, committed_offsets, create_topics, end_offsets
@@ -264,3 +265,63 @@ def _apply_head_by_hand(bootstrap: str, topic: str, group: str, location: DeltaL
         target.upload(path, FileMetadata(topic=topic, partition=partition, first_offset=0, last_offset=count - 1,
                                          record_count=count, target_table=topic, primary_keys=("id",),
                                          order_column="_offset", schema_fingerprint="by-hand"))
+
+
+def test_the_table_equals_each_keys_latest_record_field_by_field_through_the_service(
+        bootstrap, tmp_path, unique, service_env, services):
+    """Issue 37's phases, each committed before the next: a field new inside an object, soft deletes, one
+    dirty value among clean ones, a field cleared. The dirty value costs its own file (parked), and the clean
+    records after it are written and merged as they are (a refused file once raised the topic's types)."""
+    topic, group = unique("exactrows"), unique("group")
+    create_topics(bootstrap, {topic: 1})
+    location = DeltaLocation(str(tmp_path / "lake" / "{topic}"))
+    env = _delta_env(service_env, topic, group, location, SINK_FLUSH_INTERVAL_MS=500,
+                     SINK_REJECTED_FILE_POLICY="park", SINK_PARKED_PATH=str(tmp_path / "parked"),
+                     **delete_env(False))
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    latest: dict[int, dict | None] = {}
+    produced = 0
+
+    def produce(records: list[tuple[int, dict | None]]) -> None:
+        nonlocal produced
+        for key, value in records:
+            producer.produce(topic, key=json.dumps({"id": key}).encode(),
+                             value=None if value is None else json.dumps({"id": key, **value}).encode(), partition=0)
+            latest[key] = value
+            produced += 1
+        producer.flush(30)
+
+    def committed() -> int:
+        return committed_offsets(bootstrap, group, topic, 1).get(0, 0)
+
+    service = services(env)
+    phases = [
+        [(k, {"amount": k, "coupon": f"c{k}", "customer": {"name": "n"}}) for k in range(100)],
+        [(k, {"amount": k, "coupon": f"c{k}", "customer": {"name": "n2", "email": "e"}}) for k in range(50)],
+        [(k, None) for k in range(50, 60)],
+        [(60, {"amount": "n/a", "coupon": "c60", "customer": {"name": "dirty"}})],
+        [(k, {"amount": k, "coupon": f"c{k}", "customer": {"name": "n3"}}) for k in range(61, 160)],
+        [(0, {"amount": 1, "coupon": None, "customer": {"name": "n4"}})],
+    ]
+    dirty_offset = sum(len(p) for p in phases[:3])
+    for phase in phases:
+        produce(phase)
+        wait_until(lambda: committed() == produced, 120, f"phase committed ({produced} records)", process=service)
+    assert service.terminate() == 0
+
+    parked = sorted((tmp_path / "parked").rglob("*.parquet"))
+    assert [p.name for p in parked] == [f"{dirty_offset:020d}-{dirty_offset:020d}.parquet"], \
+        "the dirty record's own file is parked, and nothing after it"
+    latest[60] = phases[0][60][1]  # its own file was parked: the table keeps the key's earlier row
+    table = DeltaTable(location.uri.replace("{topic}", topic)).to_pyarrow_table()
+    assert pa.types.is_integer(table.schema.field("amount").type)
+    rows = {r["id"]: r for r in table.to_pylist()}
+    assert set(rows) == set(latest)
+    for key, value in latest.items():
+        row = rows[key]
+        if value is None:
+            assert row["_deleted"] and row["amount"] is None and row["customer"] is None and row["coupon"] is None, row
+            continue
+        assert not row["_deleted"], row
+        assert row["amount"] == value["amount"] and row["coupon"] == value["coupon"], row
+        assert {k: v for k, v in row["customer"].items() if v is not None} == value["customer"], row
