@@ -1,11 +1,11 @@
 """Peak memory of the driver's Delta merge against the Parquet bytes it merges (issue 37, item 11).
 
-    .venv/bin/python -m bench.delta_merge_memory                    # 16, 64 and 128 MiB of Parquet
+    .venv/bin/python -m bench.delta_merge_memory                    # 32, 64 and 128 MiB of rows
     .venv/bin/python -m bench.delta_merge_memory --sizes-mib 64,256
 
 For each size a child process builds a small table (10k keys), writes 8 staged files of distinct new keys
-shaped like the benchmark workload (bench.delta_common.rows, zstd as the service writes them) that add up
-to about that many MiB of Parquet, and applies them with `uploader.delta.DeltaTarget.merge`, as the driver
+shaped like the benchmark workload (bench.delta_common.rows, zstd as the service writes them) whose rows
+add up to about that many MiB in Arrow (what SINK_DELTA_MERGE_MAX_BYTES counts), and applies them with `uploader.delta.DeltaTarget.merge`, as the driver
 does for one group of SINK_DELTA_MERGE_MAX_BYTES. Measured: the child's peak RSS (ru_maxrss) before and after
 the merge, the files' decoded Arrow bytes, and the ratio of the merge's growth to the Parquet bytes: the
 factor that turns SINK_DELTA_MERGE_MAX_BYTES into the driver's memory. Writes
@@ -26,7 +26,7 @@ BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
 MIB = 1024 * 1024
 FILES = 8
-BYTES_PER_ROW = 34  # zstd Parquet bytes per row of bench.delta_common.rows, measured; sizes are approximate
+ARROW_BYTES_PER_ROW = 135  # of bench.delta_common.rows, measured; sizes are approximate
 
 
 def child(spec: dict) -> dict:
@@ -43,7 +43,7 @@ def child(spec: dict) -> dict:
     work = Path(spec["work"])
     table_dir = work / "table"
     base = 10_000
-    per_file = max(1, spec["mib"] * MIB // BYTES_PER_ROW // FILES)
+    per_file = max(1, spec["mib"] * MIB // ARROW_BYTES_PER_ROW // FILES)
     first = base // FILES + 1
     metadata = [FileMetadata(topic="bench", partition=p, first_offset=first, last_offset=first + per_file - 1,
                              record_count=per_file, target_table="bench", primary_keys=("id",),
@@ -77,7 +77,7 @@ def _run_child(spec: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes-mib", default="16,64,128")
+    parser.add_argument("--sizes-mib", default="32,64,128")
     args = parser.parse_args()
     results = []
     for mib in (int(s) for s in args.sizes_mib.split(",")):

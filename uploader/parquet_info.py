@@ -47,6 +47,11 @@ def parse_file_name(name: str) -> RangeName | None:
 BOOKKEEPING_KEY = b"kafka_parquet_sink.bookkeeping"
 
 
+# Parquet key-value metadata of a file for a typed table: the Arrow bytes of each row group, comma-separated,
+# so a merge can cut a large file into pieces that fit its memory bound without reading it first.
+ROW_GROUP_BYTES_KEY = b"kafka_parquet_sink.row_group_arrow_bytes"
+
+
 def bookkeeping_columns(schema: pa.Schema) -> tuple[str, ...]:
     """The columns `schema` names as bookkeeping (written by the service's writer)."""
     value = (schema.metadata or {}).get(BOOKKEEPING_KEY, b"")

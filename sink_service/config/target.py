@@ -90,9 +90,11 @@ class TargetSettings:
         False, group="Target")
     delta_merge_max_bytes: int = setting(
         "SINK_DELTA_MERGE_MAX_BYTES", "The driver merges a micro-batch's staged files into the Delta table in "
-        "one commit per this many bytes of Parquet (a batch with more is applied in several commits, each "
-        "partition's files in offset order): it bounds the driver's memory, which holds the rows of one "
-        "commit, decoded, several times this size.", 256 * 1024 * 1024, minimum=1024 * 1024, group="Target")
+        "commits of at most this many bytes of rows, decoded (Arrow; the task's writer counts them): a batch "
+        "with more is applied in several commits, each partition's files in offset order, and a file with "
+        "more in pieces of whole row groups. It bounds the driver's merge memory: about 140 MB plus 3x this "
+        "(`bench/delta_merge_memory.py`). One row group (up to 32 MiB) is never cut.", 32 * 1024 * 1024,
+        minimum=1024 * 1024, group="Target")
     delta_compact_every_commits: int = setting(
         "SINK_DELTA_COMPACT_EVERY_COMMITS", "Table maintenance: the merge that commits a Delta version that "
         "is a multiple of this compacts the table's small files (`optimize.compact`, application transactions "

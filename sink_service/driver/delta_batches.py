@@ -25,15 +25,17 @@ import shutil
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
+from typing import TypeVar
 
 from sink_service.driver.metrics import SinkMetrics
 from sink_service.driver.offset_commit import TP
 from uploader.delta import DeltaFile, DeltaRefusal, DeltaTarget
 from uploader.delta_settings import DeltaSettings
+from uploader.delta_slices import arrow_bytes, pieces
 from uploader.delta_staging import DeltaStagingSettings, DeltaStagingTarget, StagedFile
 from uploader.directory import DirectorySettings
 from uploader.errors import RetryableUploadError
@@ -42,6 +44,7 @@ from uploader.s3_settings import S3Settings
 from uploader.target import FileMetadata
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class StagedUpload:
     location: str
     metadata: FileMetadata
     bytes: int
+    decoded_bytes: int  # the Arrow bytes of its rows (the task's writer counts them): what a merge holds
 
 
 class DeltaBatches:
@@ -128,9 +132,19 @@ class DeltaBatches:
                 return
 
     def _apply(self, group: list[StagedUpload]) -> None:
-        """Each staged file downloaded once for the group, however many merges finding a refused file takes."""
+        """Each staged file downloaded once for the group, however many merges finding a refused file takes;
+        a file larger than the memory bound is merged in pieces of whole row groups (uploader.delta_slices)."""
         try:
-            self._merge([DeltaFile(self._local(upload), upload.metadata) for upload in group])
+            files = [DeltaFile(self._local(upload), upload.metadata) for upload in group]
+            cut = [piece for file in files for piece in pieces(file, self.max_bytes)]
+            if len(cut) == len(files):
+                self._merge(files)
+                return
+            by_partition: dict[TP, list[DeltaFile]] = defaultdict(list)
+            for piece in cut:
+                by_partition[(piece.metadata.topic, piece.metadata.partition)].append(piece)
+            for merge in in_turns(by_partition, arrow_bytes, self.max_bytes):
+                self._merge(merge)
         finally:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
@@ -194,30 +208,37 @@ def covered_uploads(rows: Iterable, commits: dict[TP, int]) -> list[StagedUpload
                 topic=row.topic, partition=row.partition, first_offset=upload["first_offset"],
                 last_offset=upload["last_offset"], record_count=upload["records"], target_table="",
                 primary_keys=tuple(upload["primary_keys"]), order_column=upload["order_column"],
-                schema_fingerprint=upload["schema_fingerprint"]), upload["bytes"]))
+                schema_fingerprint=upload["schema_fingerprint"]), upload["bytes"],
+                upload.get("decoded_bytes") or upload["bytes"]))
     return sorted(staged, key=lambda s: (s.metadata.topic, s.metadata.partition, s.metadata.first_offset))
 
 
 def merge_groups(staged: list[StagedUpload], settings: DeltaSettings, max_bytes: int) -> list[list[StagedUpload]]:
-    """One merge per table and key definition, cut where it would pass `max_bytes`; files are taken in
-    turns across partitions, so each partition's files stay in offset order across the cuts."""
+    """One merge per table and key definition, cut where its rows would pass `max_bytes` (Arrow bytes)."""
     tables: dict[tuple, dict[TP, list[StagedUpload]]] = defaultdict(lambda: defaultdict(list))
     for upload in staged:
         m = upload.metadata
         tables[(settings.uri_for(m.topic), m.primary_keys, m.order_column)][(m.topic, m.partition)].append(upload)
-    groups: list[list[StagedUpload]] = []
-    for partitions in tables.values():
-        group: list[StagedUpload] = []
-        size = 0
-        for turn in zip_longest(*partitions.values()):
-            for upload in turn:
-                if upload is None:
-                    continue
-                if group and size + upload.bytes > max_bytes:
-                    groups.append(group)
-                    group, size = [], 0
-                group.append(upload)
-                size += upload.bytes
-        if group:
-            groups.append(group)
+    return [group for partitions in tables.values()
+            for group in in_turns(partitions, lambda upload: upload.decoded_bytes, max_bytes)]
+
+
+def in_turns(partitions: Mapping[TP, list[T]], size: Callable[[T], int], max_bytes: int) -> list[list[T]]:
+    """The partitions' files in merges of at most `max_bytes` (a file alone may pass it), taken in turns
+    across partitions, so each partition's files stay in offset order across the cuts."""
+    groups: list[list[T]] = []
+    group: list[T] = []
+    total = 0
+    for turn in zip_longest(*partitions.values()):
+        for item in turn:
+            if item is None:
+                continue
+            item_size = size(item)
+            if group and total + item_size > max_bytes:
+                groups.append(group)
+                group, total = [], 0
+            group.append(item)
+            total += item_size
+    if group:
+        groups.append(group)
     return groups

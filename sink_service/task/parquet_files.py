@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from sink_service.decode.compact import FileCompactor
 from uploader.column_types import conform, join, join_schemas, unify
-from uploader.parquet_info import BOOKKEEPING_KEY, schema_fingerprint
+from uploader.parquet_info import BOOKKEEPING_KEY, ROW_GROUP_BYTES_KEY, schema_fingerprint
 
 ROW_GROUP_MAX_BYTES = 32 * 1024 * 1024
 
@@ -47,6 +47,7 @@ class ClosedFile:
     record_count: int
     size_bytes: int
     schema_fingerprint: str
+    decoded_bytes: int = 0  # the Arrow bytes of its rows as written: what reading it back holds
 
 
 def _stored(type_: pa.DataType) -> pa.DataType:
@@ -123,6 +124,7 @@ class PartitionFileWriter:
         self._buffered_rows = 0
         self._buffered_bytes = 0
         self._file_rows = 0
+        self._row_group_sizes: list[int] = []  # Arrow bytes of the open file's row groups
         self._first_offset: int | None = None
         self._last_offset: int | None = None
 
@@ -220,6 +222,7 @@ class PartitionFileWriter:
         if stored != rows.schema:
             rows = rows.select(stored.names).cast(stored)
         self._writer.write_table(rows, row_group_size=rows.num_rows)
+        self._row_group_sizes.append(rows.nbytes)
         if os.path.getsize(self._path) >= self._max_bytes:
             self._close_file()
 
@@ -227,6 +230,8 @@ class PartitionFileWriter:
         self._write_row_group()
         if self._writer is None:
             return
+        if self._bookkeeping or not self._raise_by_written:  # for a typed table: its merge cuts by these
+            self._writer.add_key_value_metadata({ROW_GROUP_BYTES_KEY: ",".join(map(str, self._row_group_sizes))})
         self._writer.close()
         rows = self._file_rows if self._compactor is None else self._compactor.finish(self._path, self._compression)
         closed = ClosedFile(
@@ -238,8 +243,9 @@ class PartitionFileWriter:
             record_count=rows,
             size_bytes=os.path.getsize(self._path),
             schema_fingerprint=schema_fingerprint(_stored_schema(self._schema, self._unstored, self._bookkeeping)),
+            decoded_bytes=sum(self._row_group_sizes),
         )
-        self._writer, self._path, self._file_rows = None, None, 0
+        self._writer, self._path, self._file_rows, self._row_group_sizes = None, None, 0, []
         self._on_close(closed)
         self._written = self._schema if self._written is None else join_schemas(self._written, self._schema)
         if not self._raise_by_written:

@@ -236,6 +236,7 @@ class _RangeProcessor:
             "primary_keys": list(metadata.primary_keys),
             "order_column": metadata.order_column,
             "schema_fingerprint": metadata.schema_fingerprint,
+            "decoded_bytes": closed.decoded_bytes,
         })
 
     def _count_retry(self, error: RetryableUploadError, _attempt: int, _wait_s: float) -> None:

@@ -66,7 +66,8 @@ def _produce_backlog(bootstrap: str, topic: str, records: int) -> dict[int, int]
     return ends
 
 
-def _drain(bootstrap: str, ems: LocalEmsServer, topic: str, ends: dict[int, int], work: Path) -> dict:
+def _drain(bootstrap: str, ems: LocalEmsServer, topic: str, ends: dict[int, int], work: Path,
+           target: str = "ems") -> dict:
     """Run the service until it committed `ends`; returns the peak RSS of its process tree, by kind."""
     env = {
         "SINK_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
@@ -80,6 +81,9 @@ def _drain(bootstrap: str, ems: LocalEmsServer, topic: str, ends: dict[int, int]
         "SINK_HTTP_PORT": str(free_port()),
         "SINK_SCRATCH_DIR": str(work / "scratch"),
     }
+    if target == "delta":  # the driver merges each micro-batch into the table: its rows are in its memory
+        del env["SINK_EMS_ENDPOINT"], env["SINK_EMS_AUTHORIZATION"], env["SINK_EMS_TARGET_TABLE"]
+        env.update(SINK_TARGET="delta", SINK_DELTA_TABLE_URI=str(work / "lake" / "{topic}"))
     service = ServiceProcess(env, work / f"{topic}.log").start()
     started = time.monotonic()
     try:
@@ -98,17 +102,18 @@ def _drain(bootstrap: str, ems: LocalEmsServer, topic: str, ends: dict[int, int]
 
 
 @pytest.mark.timeout(3600)
-@pytest.mark.parametrize("broker", ["tansu", "noida"])
-def test_peak_memory_does_not_grow_with_the_backlog(broker: str, ems: LocalEmsServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("broker", "target"), [("tansu", "ems"), ("noida", "ems"), ("tansu", "delta")])
+def test_peak_memory_does_not_grow_with_the_backlog(broker: str, target: str, ems: LocalEmsServer,
+                                                    tmp_path: Path) -> None:
     peaks: dict[int, dict] = {}
     with running_broker(broker) as bootstrap:
         for records in BACKLOGS:
-            topic = f"memory-{broker}-{records}"
+            topic = f"memory-{broker}-{target}-{records}"
             ends = _produce_backlog(bootstrap, topic, records)
             assert end_offsets(bootstrap, topic, PARTITIONS) == ends, "reported ends are not the produced ends"
             assert sum(ends.values()) == records + PARTITIONS
-            peaks[records] = _drain(bootstrap, ems, topic, ends, tmp_path)
-            print(f"MEMORY {broker} {records:,}: {json.dumps(peaks[records])}", flush=True)
+            peaks[records] = _drain(bootstrap, ems, topic, ends, tmp_path, target)
+            print(f"MEMORY {broker} {target} {records:,}: {json.dumps(peaks[records])}", flush=True)
     if broker == "noida":
         return  # noida-db sends a partition's whole backlog per fetch: its peak is the broker's, not ours
     small, large = (peaks[n]["peak_mb"] for n in BACKLOGS)

@@ -49,10 +49,11 @@ class Batch:
         self.tmp_path = tmp_path
         self.rows: dict[int, list[dict]] = {}
 
-    def stage(self, partition: int, first: int, ids: list, schema: pa.Schema = SCHEMA) -> None:
+    def stage(self, partition: int, first: int, ids: list, schema: pa.Schema = SCHEMA,
+              row_group_rows: int | None = None) -> None:
         records = [{"id": k, "status": f"s{first + n}", "_offset": first + n} for n, k in enumerate(ids)]
         path = self.tmp_path / f"{uuid.uuid4().hex}.parquet"
-        pq.write_table(pa.Table.from_pylist(records, schema=schema), path)
+        pq.write_table(pa.Table.from_pylist(records, schema=schema), path, row_group_size=row_group_rows)
         metadata = FileMetadata(topic="orders", partition=partition, first_offset=first,
                                 last_offset=first + len(ids) - 1, record_count=len(ids), target_table="orders",
                                 primary_keys=("id",), order_column="_offset", schema_fingerprint="x")
@@ -75,9 +76,10 @@ def _table(settings: DeltaSettings) -> DeltaTable:
     return DeltaTable(settings.uri_for("orders"), storage_options=storage_options(settings) or None)
 
 
-def _batches(settings: DeltaSettings, tmp_path: Path, metrics: SinkMetrics, park: bool) -> DeltaBatches:
+def _batches(settings: DeltaSettings, tmp_path: Path, metrics: SinkMetrics, park: bool,
+             max_bytes: int = 1 << 20) -> DeltaBatches:
     parked = DirectorySettings(path=str(tmp_path / "parked")) if park else None
-    return DeltaBatches(settings, parked, tmp_path / "scratch", 1 << 20, metrics)
+    return DeltaBatches(settings, parked, tmp_path / "scratch", max_bytes, metrics)
 
 
 def test_a_batch_is_one_commit_its_staged_files_are_deleted_and_files_past_the_commit_wait(settings, tmp_path):
@@ -170,3 +172,18 @@ def test_finding_the_refused_file_downloads_each_staged_file_once(settings, tmp_
     assert whole == [4]
     assert sorted(fetched) == sorted(f["location"] for files in later.rows.values() for f in files)
     assert sorted(r["id"] for r in _table(settings).to_pyarrow_table().to_pylist()) == [1, 2, 3, 4, 5]
+
+
+def test_a_staged_file_past_the_memory_bound_is_merged_in_pieces_each_recording_its_prefix(settings, tmp_path):
+    batch = Batch(settings, tmp_path)
+    batch.stage(0, 0, [1, 2, 3, 4, 5, 6], row_group_rows=2)
+    batch.stage(1, 0, [7])
+    merger = _batches(settings, tmp_path, SinkMetrics(), park=False, max_bytes=1)
+    merged = merger.merge(batch.outcome_rows(), {("orders", 0): 6, ("orders", 1): 1})
+    merger.release(merged, {("orders", 0): 6, ("orders", 1): 1})
+
+    table = _table(settings)
+    assert sorted(r["id"] for r in table.to_pyarrow_table().to_pylist()) == [1, 2, 3, 4, 5, 6, 7]
+    assert table.version() == 4, "the create, then four merges: each piece, and partition 1's file, alone"
+    assert table.transaction_version("kafka-parquet-sink/g/1/orders/0") == 6
+    assert batch.staged(0) == [] and batch.staged(1) == []

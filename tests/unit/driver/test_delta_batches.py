@@ -40,17 +40,17 @@ def test_a_file_the_task_parked_is_not_merged():
 def _upload(topic: str, partition: int, first: int, size: int) -> StagedUpload:
     return StagedUpload(f"/s/{topic}/{partition}/{first}", FileMetadata(
         topic=topic, partition=partition, first_offset=first, last_offset=first + 9, record_count=10,
-        target_table="", primary_keys=("id",), order_column="_offset", schema_fingerprint="x"), size)
+        target_table="", primary_keys=("id",), order_column="_offset", schema_fingerprint="x"), size // 10, size)
 
 
-def test_commits_are_cut_by_bytes_and_keep_each_partitions_files_in_offset_order():
+def test_commits_are_cut_by_decoded_bytes_and_keep_each_partitions_files_in_offset_order():
     settings = DeltaSettings(table_uri="/lake/{topic}", group_id="g")
     staged = [_upload("a", 0, 0, 40), _upload("a", 0, 10, 40), _upload("a", 0, 20, 40), _upload("a", 1, 0, 40),
               _upload("b", 0, 0, 10)]
     groups = merge_groups(staged, settings, max_bytes=100)
     assert [_spans(g) for g in groups] == [
         [("a", 0, 0), ("a", 1, 0)],  # in turns across partitions: a/0's first file, a/1's first file ...
-        [("a", 0, 10), ("a", 0, 20)],  # ... then a/0's later files, cut where 100 bytes would be passed
+        [("a", 0, 10), ("a", 0, 20)],  # ... then a/0's later files, cut where 100 Arrow bytes would be passed
         [("b", 0, 0)],  # another table ({topic}): its own commit
     ]
 
@@ -59,3 +59,11 @@ def test_one_table_for_every_topic_is_one_commit():
     settings = DeltaSettings(table_uri="/lake/all", group_id="g")
     groups = merge_groups([_upload("a", 0, 0, 1), _upload("b", 0, 0, 1)], settings, max_bytes=100)
     assert [_spans(g) for g in groups] == [[("a", 0, 0), ("b", 0, 0)]]
+
+
+def test_the_decoded_size_comes_from_the_task_and_an_older_outcome_falls_back_to_the_file_size():
+    row = _row("t", 0, (0, 9), (10, 19))
+    files = json.loads(row.files)
+    files[0]["decoded_bytes"] = 12345
+    row.files = json.dumps(files)
+    assert [s.decoded_bytes for s in covered_uploads([row], {("t", 0): 20})] == [12345, 100]
