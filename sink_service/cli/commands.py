@@ -18,7 +18,8 @@ from sink_service import __version__
 SUBCOMMANDS: dict[str, str] = {
     "run": "start the service (the default): configured only by SINK_* environment variables",
     "check": "probe the configured broker, topics, group, registry and target before deploying (exit 0 OK, 3 not)",
-    "verify": "compare the target with the topics up to the group's committed offsets (exit 0 equal, 1 not)",
+    "verify": "compare the target with the topics' latest record per key up to the group's committed offsets, "
+              "rows ahead of them with the records past them (exit 0 equal, 1 not)",
     "offsets": "show the group's committed offsets and lag; move them (time, earliest, latest) while stopped",
 }
 
