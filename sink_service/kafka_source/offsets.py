@@ -6,6 +6,7 @@ reads them (and where to start); the group member (`membership.py`) commits.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import time
@@ -128,9 +129,10 @@ class KafkaOffsets:
                 return attempt(min(_ATTEMPT_S, max(1.0, deadline - time.monotonic())))
             except KafkaException as exc:
                 self._access.check()
-                if not _timed_out(exc) or time.monotonic() >= deadline:
+                if not (_timed_out(exc) or _no_leader(exc)) or time.monotonic() >= deadline:
                     raise
-                log.info("Kafka did not answer within %.0fs (%s); asking again", _ATTEMPT_S, exc)
+                log.info("Kafka did not answer within %.0fs or knew no leader yet (%s); asking again", _ATTEMPT_S,
+                         exc)
 
     def _answer(self, admin: AdminClient, future: Future[T]) -> T:
         while not future.done():
@@ -261,8 +263,11 @@ class KafkaOffsets:
             reader = self._committed_reader()
             try:
                 return reader.committed(request, timeout=timeout_s)
-            except KafkaException:
+            except KafkaException as exc:
                 reader.poll(0)  # serves the error callback: a refused login is reported as such
+                if _no_leader(exc):  # its metadata predates a broker restart or a new partition
+                    with contextlib.suppress(KafkaException):
+                        reader.list_topics(timeout=min(1.0, timeout_s))
                 raise
         deadline = time.monotonic() + _TIMEOUT_S
         while True:
@@ -443,6 +448,12 @@ def uncommitted_start(starting: str, history: bool) -> str:
     while the group has no position for any subscribed partition (its first start), else its earliest
     offset (created or matched later). One rule for the service and `sink-service check`."""
     return "earliest" if history else starting
+
+
+def _no_leader(exc: KafkaException) -> bool:
+    """librdkafka's "Failed to query partition leaders": its metadata does not know them yet."""
+    error = exc.args[0] if exc.args else None
+    return isinstance(error, KafkaError) and error.code() == KafkaError._NOENT
 
 
 def _timed_out(exc: KafkaException) -> bool:
