@@ -86,6 +86,7 @@ DELETED = "_deleted"
 OFFSET = "_offset"
 NARROWING = "delta_schema"
 CONFLICT = "delta_conflict"
+WIDEN_ATTEMPTS = 5  # a widening that loses this many commit races in a row stops the service, saying why
 # Written into each commit's info (DeltaTable.history()), so applications per file can be counted: a JSON
 # list of the files the commit applied, each {file, app_id, first_offset, last_offset, applied_from}
 # (`applied_from`: the first offset the commit applied; later than first_offset when an overlap was cut).
@@ -140,6 +141,7 @@ class DeltaTarget:
     def __init__(self, settings: DeltaSettings) -> None:
         self.settings = settings
         self._tables: dict[str, tuple[DeltaTable, tuple[Any, ...]]] = {}
+        self._widenings_lost: dict[str, int] = {}  # per table: widening rewrites lost in a row
         self._lock = threading.Lock()
 
     # --- the interface --------------------------------------------------------------------------
@@ -470,16 +472,36 @@ class DeltaTarget:
                 # readers concatenating the files with pyarrow see one type per column.
                 viewed = pa.schema([f.with_type(pa.string_view()) if _kind(f.type) == 3 else f for f in new])
                 batches = (b.cast(viewed) for b in pq.ParquetFile(converted).iter_batches())
-                write_deltalake(
-                    table, pa.RecordBatchReader.from_batches(viewed, batches), mode="overwrite",
-                    schema_mode="overwrite", partition_by=list(table.metadata().partition_columns) or None,
-                    commit_properties=CommitProperties(max_commit_retries=0, custom_metadata={
-                        META_WIDENED: changes, META_WIDENED_FOR: metadata.file_name()}))
+                started = time.monotonic()
+                try:
+                    write_deltalake(
+                        table, pa.RecordBatchReader.from_batches(viewed, batches), mode="overwrite",
+                        schema_mode="overwrite", partition_by=list(table.metadata().partition_columns) or None,
+                        commit_properties=CommitProperties(max_commit_retries=0, custom_metadata={
+                            META_WIDENED: changes, META_WIDENED_FOR: metadata.file_name()}))
+                except CommitFailedError as exc:
+                    raise self._lost_widening(uri, changes, time.monotonic() - started) from exc
+            self._widenings_lost.pop(uri, None)
             log.warning("widened the Delta table %s (%s) for %s: rewritten in one commit, version %d",
                         uri, changes, metadata.file_name(), table.version())
             table.update_incremental()
             return table
         raise _refusal(metadata, uri, f"the table's columns {', '.join(widen)} could not be widened")
+
+    def _lost_widening(self, uri: str, changes: str, took_s: float) -> UploadError:
+        """A rewrite cannot merge with a concurrent commit (it replaces every file), so under a writer that
+        commits more often than the rewrite takes it would lose forever: retried a few times, then fatal."""
+        lost = self._widenings_lost[uri] = self._widenings_lost.get(uri, 0) + 1
+        if lost < WIDEN_ATTEMPTS:
+            return RetryableUploadError(f"widening the Delta table {uri} ({changes}) lost a race with another "
+                                        f"writer's commit ({lost} of {WIDEN_ATTEMPTS} tries)", reason=CONFLICT)
+        self._widenings_lost.pop(uri, None)
+        return FatalUploadError(
+            f"widening the Delta table {uri} ({changes}) lost {lost} races in a row with other writers' commits: "
+            f"its rewrite of the whole table (the last took {took_s:.1f}s) never lands while another writer "
+            "commits more often. Stop the table's other writers (the other instances of this group, other groups) "
+            "until this instance has widened it, then start them again; or write to a new table "
+            f"({TABLE_URI_SETTING}).", reason="delta_widen_contended", setting=TABLE_URI_SETTING)
 
 
 # --- rows -----------------------------------------------------------------------------------------

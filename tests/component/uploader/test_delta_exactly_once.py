@@ -6,6 +6,7 @@ range inside the window, or a replay is cut at other offsets than the first try.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from pathlib import Path
 
@@ -107,3 +108,32 @@ def test_a_file_without_offsets_that_overlaps_the_table_is_refused_not_applied_t
     pq.write_table(table, by_hand.path)
     with pytest.raises(uploader.delta.DeltaRefusal, match="no _offset column"):
         _target(uri).merge([by_hand])
+
+
+def test_a_widening_that_keeps_losing_to_a_busier_writer_fails_loudly(tmp_path: Path, monkeypatch) -> None:
+    """A rewrite of the whole table cannot land while another writer commits more often than it takes: a few
+    retries, then a fatal error that says so and what to do (it once retried every batch, forever)."""
+    uri = str(tmp_path / "table")
+    first = _files(tmp_path / "a", [[(0, {"amount": 1})]], keys=())[0]
+    wider = _files(tmp_path / "b", [[(1, {"amount": 2.5})]], start=1, keys=())[0]
+    _target(uri).merge([first])
+    rival_files = [DeltaFile(f.path, dataclasses.replace(f.metadata, partition=1))  # another partition's writer
+                   for f in _files(tmp_path / "c", [[(k, {"amount": k})] for k in range(10)], keys=())]
+    rival = _target(uri)
+    real_write = uploader.delta.write_deltalake
+    lost: list[int] = []
+
+    def rival_commits_first(*args, **kwargs):
+        properties = kwargs.get("commit_properties")
+        if properties is not None and META_WIDENED in (properties.custom_metadata or {}):
+            lost.append(1)
+            rival.merge([rival_files[len(lost) - 1]])
+        return real_write(*args, **kwargs)
+    monkeypatch.setattr(uploader.delta, "write_deltalake", rival_commits_first)
+
+    with pytest.raises(uploader.delta.FatalUploadError) as failed:
+        _target(uri).merge([wider])
+    assert failed.value.reason == "delta_widen_contended"
+    assert len(lost) == uploader.delta.WIDEN_ATTEMPTS
+    for words in ("amount: int64 -> double", "Stop the table's other writers", "SINK_DELTA_TABLE_URI"):
+        assert words in str(failed.value)
