@@ -7,10 +7,11 @@ import threading
 import time
 import uuid
 
+import pytest
 from confluent_kafka import Consumer
 
-from devkit.kafka_data import Workload, create_topics, produce_orders, reset_offsets
-from sink_service.kafka_source.membership import GroupMembership
+from devkit.kafka_data import Workload, committed_offsets, create_topics, produce_orders, reset_offsets
+from sink_service.kafka_source.membership import CommitRefused, GroupMembership
 
 
 def test_the_member_fetches_no_records_from_the_partitions_it_holds(bootstrap):
@@ -101,4 +102,27 @@ def test_a_session_that_expires_gives_up_the_assignment_without_waiting_for_the_
     finally:
         if pause is not None:
             pause.join()
+        member.close()
+
+
+def test_a_first_start_commits_the_positions_of_partitions_other_members_own(bootstrap):
+    # The group's first start commits every subscribed partition's resolved position through one member
+    # (KafkaOffsets.resolve_start), so replicas started together see the same decision. The broker checks
+    # the generation only; the member's own check of ownership is lifted for that commit alone.
+    topic = f"first-start-{uuid.uuid4().hex[:8]}"
+    owned, other = f"{topic}-owned", f"{topic}-other"
+    create_topics(bootstrap, {owned: 1, other: 2})
+    group = f"group-{topic}"
+    member = GroupMembership({"bootstrap.servers": bootstrap}, group, [owned], 30_000, lambda: True, 10,
+                             f"instance-{topic}")
+    member.start()
+    try:
+        assigned, epoch = member.wait_assignment(30)
+        assert assigned == {(owned, 0)}
+        with pytest.raises(CommitRefused):  # progress for a partition not assigned
+            member.commit({(other, 0): 0}, epoch)
+        member.commit({(owned, 0): 0, (other, 0): 0, (other, 1): 0}, epoch, others=True)
+        assert committed_offsets(bootstrap, group, other, 2) == {0: 0, 1: 0}
+        assert committed_offsets(bootstrap, group, owned, 1) == {0: 0}
+    finally:
         member.close()
