@@ -1,7 +1,9 @@
 """Offsets as Kafka knows them: topics, watermarks and the consumer group's committed offsets.
 
 The consumer group's committed offsets are the service's only record of progress: this module
-reads them (and where to start); the group member (`membership.py`) commits.
+reads them and decides where each partition starts (`resolve_start`: a commit, else a Delta table's
+position for the group, else SINK_STARTING_OFFSETS at the group's first start, else earliest); the
+group member (`membership.py`) commits, and `alter` moves the offsets of a group without members.
 """
 
 from __future__ import annotations
@@ -60,9 +62,10 @@ class Subscription:
     pattern: str | None = None
 
     def topic_names(self, known: Iterable[str]) -> list[str]:
-        """The named topics, or the known topics the pattern matches (as the group member subscribes)."""
+        """The named topics, or the known topics the pattern matches (as the group member subscribes), Kafka's
+        internal ones (`__consumer_offsets`, `__transaction_state`) left out."""
         if self.pattern:
-            return [t for t in sorted(known) if re.fullmatch(self.pattern, t)]
+            return [t for t in sorted(known) if not t.startswith("__") and re.fullmatch(self.pattern, t)]
         return list(self.topics)
 
 
@@ -331,9 +334,8 @@ class KafkaOffsets:
         and commits nothing; `skip` restarts the partition at its earliest available offset, commits
         that and logs `RECORDS LOST`.
         """
-        # The group may assign partitions newer than this client's cached metadata, and offset
-        # lookups for those fail (unknown partition) until it is refreshed.
-        self._refresh_metadata()
+        # `subscribed` refreshes the metadata: the group may assign partitions newer than this client's
+        # cached metadata, and offset lookups for those fail (unknown partition) until it is refreshed.
         subscription = subscription or Subscription(tuple(sorted({t for t, _ in tps})))
         subscribed = sorted(set(self.subscribed(subscription)) | set(tps))
         committed = self.committed(subscribed)
