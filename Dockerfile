@@ -44,23 +44,25 @@ FROM python:3.11.11-slim-bookworm AS runtime
 
 # openjdk-17-jre-headless from Debian bookworm. The man1 directory works around postinst scripts
 # that expect it in slim images. JAVA_HOME gets an architecture-independent path (amd64, arm64).
+# libnss-wrapper (100 kB): the entrypoint's passwd entry for an arbitrary uid (see below).
+# No /tmp/sink here: the service creates its scratch directory itself, owned by whatever uid it runs
+# as (it refuses one owned by another uid), in /tmp, which every uid may write (mode 1777).
 RUN set -eux; \
     mkdir -p /usr/share/man/man1; \
     apt-get update; \
-    apt-get install -y --no-install-recommends openjdk-17-jre-headless; \
+    apt-get install -y --no-install-recommends openjdk-17-jre-headless libnss-wrapper; \
     apt-get clean; \
     rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*; \
     ln -s "/usr/lib/jvm/java-17-openjdk-$(dpkg --print-architecture)" /usr/lib/jvm/java-17; \
     /usr/lib/jvm/java-17/bin/java -version; \
     groupadd --system --gid 10001 sink; \
-    useradd --system --uid 10001 --gid 10001 --home-dir /home/sink --create-home --shell /usr/sbin/nologin sink; \
-    install -d -o 10001 -g 10001 -m 0750 /tmp/sink
+    useradd --system --uid 10001 --gid 10001 --home-dir /home/sink --create-home --shell /usr/sbin/nologin sink
 
 COPY --from=builder /opt/venv /opt/venv
 
 # PYSPARK_PYTHON: Python workers (and, on a cluster, executors) run the venv's interpreter, the one
-# that has the project installed. SINK_SCRATCH_DIR must be writable (on Kubernetes /tmp is an
-# emptyDir because the root filesystem is read-only).
+# that has the project installed. SINK_SCRATCH_DIR's parent must be writable by the service's uid (on
+# Kubernetes /tmp is an emptyDir because the root filesystem is read-only).
 ENV PATH=/opt/venv/bin:$PATH \
     JAVA_HOME=/usr/lib/jvm/java-17 \
     PYSPARK_PYTHON=/opt/venv/bin/python \
@@ -75,9 +77,15 @@ ENV PATH=/opt/venv/bin:$PATH \
 # sooner. Built by a short local Spark run against this image's JVM and jars (about 40 s, 170 MB).
 RUN python -m sink_service.spark_home
 
+# Any uid: OpenShift (and `docker run --user N:0`) starts the container as an arbitrary uid in group 0
+# that /etc/passwd does not know, and the JVM cannot log in without an entry ("Invalid UID"). The
+# entrypoint gives it one through nss_wrapper, from /tmp: /etc/passwd stays read-only.
+COPY --chmod=0755 deploy/image/entrypoint.sh /usr/local/bin/sink-entrypoint
+
 # Spark may create spark-warehouse/ in the working directory: keep it on writable scratch.
 WORKDIR /tmp
 
+# The default user; any other uid works too (group 0 or not), see sink-entrypoint above.
 USER 10001:10001
 
 # /healthz, /readyz and /metrics
@@ -89,4 +97,4 @@ EXPOSE 8080
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % (os.environ.get('SINK_HTTP_PORT') or '8080'), timeout=4)"]
 
-ENTRYPOINT ["python", "-m", "sink_service"]
+ENTRYPOINT ["/usr/local/bin/sink-entrypoint", "python", "-m", "sink_service"]

@@ -1,6 +1,6 @@
 """Image rehearsal without Docker: build the Dockerfile's root filesystem, start the service from it, check it.
 
-    .venv/bin/python -m devkit.image_build [--out /work/image-build] [--skip-build] [--modes docker,kubernetes]
+    .venv/bin/python -m devkit.image_build [--out /work/image-build] [--skip-build] [--modes docker,any-uid]
 
 1. build: devkit.image_dockerfile interprets the repository's Dockerfile (every stage) into
    `<out>/stages/<stage>/rootfs`, with the base image rebuilt by debootstrap and cached in `<out>/cache`.
@@ -8,13 +8,14 @@
    - `docker`: the image as `docker run` starts it: its ENTRYPOINT, ENV, WORKDIR and USER, writable root;
    - `kubernetes`: as deploy/kubernetes starts it: configmap.yaml's settings, HOME=/tmp, a read-only root
      and an empty /tmp (the emptyDir);
-   - `any-uid` (opt-in): as `docker run`, but as an arbitrary uid in group 0 (OpenShift's restricted SCC).
-     Fails today: the image's /tmp/sink belongs to uid 10001 (the service refuses it), and with /tmp/sink
-     gone and -Duser.home=/tmp, Hadoop's login still stops Spark ("Invalid UID, could not determine
-     effective user"): the uid needs a passwd entry (Spark's own images add one in their entrypoint).
+   - `any-uid`: as `docker run --user 1000680000:0`: an arbitrary uid in group 0 that the image's
+     /etc/passwd does not know (OpenShift's restricted SCC);
+   - `openshift`: the Kubernetes manifests on OpenShift: as `kubernetes`, but as that arbitrary uid.
+   Without a passwd entry the JVM cannot log in ("Invalid UID, could not determine effective user"):
+   the image's entrypoint must give the uid one (nss_wrapper); an image user that has an entry needs none.
    The service must answer /healthz and /readyz (the probes' paths), pass the image's HEALTHCHECK, run as
-   the image's non-root user, deliver every key's latest version to the endpoint, write its scratch
-   files as that user, commit up to the end of the topic and exit 0 on SIGTERM.
+   the mode's uid, deliver every key's latest version to the endpoint, write its scratch files as that
+   uid, commit up to the end of the topic and exit 0 on SIGTERM.
 3. report sizes (du of the final stage's root: everything it ships; the builder stage too) to
    `<out>/report.json`. Any failure exits 1. Slow (minutes), so it is a rehearsal, not a pytest test.
 """
@@ -47,8 +48,10 @@ PARTITIONS = 3
 KEYS, UPDATES = 300, 4
 STARTUP_BUDGET_S = 120  # deployment.yaml startupProbe: failureThreshold 24 x periodSeconds 5
 DELIVERY_BUDGET_S = 180
-GRACE_S = 45
-ANY_UID = "1000680000:0"  # deployment.yaml terminationGracePeriodSeconds
+GRACE_S = 45  # deployment.yaml terminationGracePeriodSeconds
+# OpenShift's first uid of a project's range (restricted SCC), with group 0; not in the image's /etc/passwd.
+ANY_UID = "1000680000:0"
+MODES = ("docker", "kubernetes", "any-uid", "openshift")
 
 
 class CheckFailed(Exception):
@@ -103,14 +106,50 @@ def kubernetes_env() -> dict[str, str]:
     return env
 
 
+def passwd_home(root: Path, uid: str) -> str | None:
+    """The home directory of `uid` in the image's /etc/passwd; None without an entry."""
+    for line in (root / "etc" / "passwd").read_text().splitlines():
+        parts = line.split(":")
+        if len(parts) > 5 and parts[2] == uid:
+            return parts[5]
+    return None
+
+
+def process_environ(pid: int) -> dict[str, str]:
+    """The environment a running process was started with (/proc/<pid>/environ)."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode(errors="replace").partition("=")[::2] for item in raw if b"=" in item)
+
+
+def check_passwd_entry(pid: int, uid: str, has_entry: bool) -> str:
+    """The service's uid has a user name for the JVM: the image's own entry, or nss_wrapper's from the entrypoint."""
+    environ = process_environ(pid)
+    preload, wrapped = environ.get("LD_PRELOAD", ""), environ.get("NSS_WRAPPER_PASSWD")
+    if has_entry:
+        if "nss_wrapper" in preload:
+            raise CheckFailed(f"uid {uid} has an entry in /etc/passwd, yet the entrypoint preloaded nss_wrapper")
+        return "the image's /etc/passwd"
+    if "libnss_wrapper.so" not in preload or not wrapped:
+        raise CheckFailed(f"uid {uid} has no passwd entry and the service runs without nss_wrapper "
+                          f"(LD_PRELOAD={preload!r}): the JVM's login fails with 'Invalid UID'")
+    lines = [line for line in Path(f"/proc/{pid}/root{wrapped}").read_text().splitlines()
+             if line.split(":")[2:3] == [uid]]
+    if len(lines) != 1:
+        raise CheckFailed(f"{wrapped} has {len(lines)} lines for uid {uid}")
+    return f"nss_wrapper ({preload}): {wrapped} adds {lines[0]}"
+
+
 def check_mode(mode: str, image: dict, root: Path, bootstrap: str, topic: str, workload: Workload,
                ems: LocalEmsServer, out: Path) -> dict:
-    kubernetes = mode == "kubernetes"
-    if mode == "any-uid":  # OpenShift's restricted SCC, `docker run --user N:0`: an arbitrary uid in group 0
+    kubernetes = mode in ("kubernetes", "openshift")
+    if mode in ("any-uid", "openshift"):  # `docker run --user N:0`, OpenShift's restricted SCC
         image = {**image, "user": ANY_UID}
+    uid = image_root.resolve_user(root, image["user"]).split(":")[0]
     port = free_port()  # the host's network is shared, so not the image's 8080
     group, table = f"image-rehearsal-{mode}", f"image_{mode.replace('-', '_')}"
     env = dict(image["env"])
+    # Docker sets HOME to the user's passwd entry's home, or to / for a uid without one.
+    env.setdefault("HOME", passwd_home(root, uid) or "/")
     if kubernetes:
         env.update(kubernetes_env())
     env.update({
@@ -159,10 +198,12 @@ def check_mode(mode: str, image: dict, root: Path, bootstrap: str, topic: str, w
 
         uids = {line.split()[1] for line in Path(f"/proc/{process.pid}/status").read_text().splitlines()
                 if line.startswith("Uid:")}
-        want_uid = image_root.resolve_user(root, image["user"]).split(":")[0]
+        want_uid = uid
         if uids != {want_uid}:
-            raise CheckFailed(f"the service runs as uid {uids}, not the image's USER {image['user']}")
-        result["uid"] = want_uid
+            raise CheckFailed(f"the service runs as uid {uids}, not the mode's user {image['user']}")
+        result["uid"] = image["user"]
+        result["user_name"] = check_passwd_entry(process.pid, uid, passwd_home(root, uid) is not None)
+        log(f"[{mode}] uid {image['user']}, user name from {result['user_name']}")
 
         # The image's spark_home layer (a class archive, ~150 MB) is only worth shipping if the JVM maps it.
         archives = jvm_archives(process.pid)
@@ -269,10 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--builder", choices=("interpreter", "buildah"), default="interpreter",
                         help="interpreter: devkit/image_dockerfile.py (default); buildah: `buildah bud` on the same "
                              "base, its image's root and config then checked the same way")
-    parser.add_argument("--modes", default="docker,kubernetes",
-                        help="comma-separated: docker, kubernetes (default: both), any-uid (known to fail: see "
-                             "the module docstring)")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated, of {', '.join(MODES)} (default: all; see the module docstring)")
     args = parser.parse_args(argv)
+    unknown = set(args.modes.split(",")) - set(MODES)
+    if unknown:
+        parser.error(f"--modes: unknown {sorted(unknown)}; choose from {', '.join(MODES)}")
     if os.geteuid() != 0:
         parser.error("needs root (debootstrap, chroot, mount namespaces)")
     out: Path = args.out.resolve()

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -30,6 +32,8 @@ DOCKERIGNORE = ROOT / ".dockerignore"
 DASHBOARD = DEPLOY / "grafana" / "sink-dashboard.json"
 COMPOSE = DEPLOY / "docker-compose.yml"
 DEPLOY_README = DEPLOY / "README.md"
+ENTRYPOINT = DEPLOY / "image" / "entrypoint.sh"
+ENTRYPOINT_IN_IMAGE = "/usr/local/bin/sink-entrypoint"
 APP = "kafka-parquet-sink"
 
 # Metrics the alerts may use that other exporters provide (Prometheus itself, kube-state-metrics).
@@ -528,7 +532,7 @@ def test_dockerfile_runtime_stage():
     final = final_stage(instructions)
     keywords = [k for k, _ in final]
     entrypoints = [args for k, args in final if k == "ENTRYPOINT"]
-    assert entrypoints and json.loads(entrypoints[-1]) == ["python", "-m", "sink_service"]
+    assert entrypoints and json.loads(entrypoints[-1]) == [ENTRYPOINT_IN_IMAGE, "python", "-m", "sink_service"]
     assert "USER" in keywords and keywords.index("USER") < keywords.index("ENTRYPOINT")
     assert dockerfile_uid() == 10001
     healthchecks = [args for k, args in final if k == "HEALTHCHECK"]
@@ -548,7 +552,10 @@ def test_dockerfile_runtime_stage():
     assert prepare and prepare[0] < keywords.index("USER")
     assert prepare[0] > max(i for i, (k, args) in enumerate(final) if k == "ENV" and "JAVA_HOME=" in args)
     copies = [args for k, args in final if k == "COPY"]
-    assert copies and all("--from=" in args for args in copies), "the runtime stage copies only from the builder"
+    entrypoint_copy = f"--chmod=0755 {ENTRYPOINT.relative_to(ROOT)} {ENTRYPOINT_IN_IMAGE}"
+    assert entrypoint_copy in copies, "the entrypoint script, executable"
+    assert all("--from=" in args for args in copies if args != entrypoint_copy), \
+        "the runtime stage copies only from the builder (and the entrypoint)"
 
 
 def test_dockerfile_installs_from_the_lock_file_and_copies_no_tests():
@@ -571,10 +578,70 @@ def test_dockerignore_keeps_the_context_small():
     assert {".venv", ".git", "tests", "bench", ".scratch"} <= patterns
 
 
-def test_hadolint_if_installed():
+def test_image_runs_on_any_uid():
+    """OpenShift's arbitrary uid (group 0) must find everything it writes writable and a passwd entry.
+
+    The image used to create /tmp/sink owned by 10001, which the service refuses for any other uid."""
+    final = final_stage(dockerfile_instructions())
+    runs = " ".join(args for k, args in final if k == "RUN")
+    assert "/tmp/sink" not in runs, "the service creates its scratch directory itself, owned by its own uid"
+    assert "libnss-wrapper" in runs, "the entrypoint's passwd entry for a uid the image does not know"
+    assert "chmod" not in runs or "/etc/passwd" not in runs, "/etc/passwd stays read-only"
+    env = " ".join(args for k, args in final if k == "ENV")
+    scratch = re.search(r"SINK_SCRATCH_DIR=(\S+)", env).group(1)
+    assert [args for k, args in final if k == "WORKDIR"][-1] == "/tmp" and scratch.startswith("/tmp/")
+
+
+def test_dockerignore_lets_only_the_entrypoint_out_of_deploy():
+    from devkit.image_dockerfile import DockerIgnore
+
+    ignore = DockerIgnore(ROOT)
+    assert not ignore.excluded(str(ENTRYPOINT.relative_to(ROOT)))
+    assert ignore.excluded("deploy/kubernetes/deployment.yaml") and ignore.excluded("deploy/README.md")
+
+
+# The entrypoint, run on this host: nss_wrapper comes from Debian's libnss-wrapper (scripts/bootstrap.sh
+# installs it where it can, CI always); a uid without a passwd entry is made with a user namespace.
+NSS_WRAPPER = next(iter(sorted(Path("/usr/lib").glob("*/libnss_wrapper.so"))), None)
+needs_nss_wrapper = pytest.mark.skipif(
+    NSS_WRAPPER is None and os.environ.get("CI") != "true",
+    reason="libnss_wrapper.so not installed (Debian: apt-get install libnss-wrapper)")
+WHO = ("import os, pwd; e = pwd.getpwuid(os.getuid()); "
+       "print(e.pw_name, e.pw_uid, e.pw_gid, e.pw_dir, os.environ.get('LD_PRELOAD', '-'))")
+
+
+def unshare_as(uid: int, gid: int) -> list[str]:
+    return ["unshare", "--user", f"--map-user={uid}", f"--map-group={gid}", "--"]
+
+
+@needs_nss_wrapper
+def test_entrypoint_gives_an_unknown_uid_a_passwd_entry(tmp_path):
+    """Without an entry the JVM's login fails ("Invalid UID"); the entrypoint adds one, /etc/passwd untouched."""
+    unknown_uid, who = unshare_as(1000680000, 0), [sys.executable, "-c", WHO]
+    env = {"PATH": os.environ["PATH"], "TMPDIR": str(tmp_path)}
+    without = subprocess.run([*unknown_uid, *who], capture_output=True, text=True, env=env, timeout=30)
+    assert without.returncode != 0 and "uid not found: 1000680000" in without.stderr, "the uid must be unknown"
+    done = subprocess.run([*unknown_uid, str(ENTRYPOINT), *who], capture_output=True, text=True, env=env, timeout=30)
+    assert done.returncode == 0, done.stderr
+    name, uid, gid, home, preload = done.stdout.split()
+    assert (name, uid, gid, home) == ("sink-1000680000", "1000680000", "0", "/tmp")
+    assert preload.endswith("libnss_wrapper.so")
+    [written] = tmp_path.glob("passwd.*/passwd")
+    assert written.read_text().startswith(Path("/etc/passwd").read_text())
+
+
+def test_entrypoint_leaves_a_known_uid_alone():
+    done = subprocess.run([str(ENTRYPOINT), sys.executable, "-c", WHO], capture_output=True, text=True, timeout=30,
+                          env={"PATH": os.environ["PATH"]})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[1:3] == [str(os.getuid()), str(os.getgid())]
+    assert done.stdout.split()[-1] == "-", "no nss_wrapper for a uid with an entry"
+
+
+def test_hadolint_is_installed_and_passes():
     hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=str(ROOT / ".venv" / "bin"))
-    if not hadolint:
-        pytest.skip("hadolint not installed")
+    if not hadolint:  # scripts/bootstrap.sh installs it from requirements/lint.txt where a wheel exists
+        pytest.skip("hadolint not installed (scripts/bootstrap.sh installs it on Linux x86-64 and arm64)")
     # DL3008: apt packages come from the pinned Debian release; pinning exact Debian versions breaks
     # builds whenever the archive moves on.
     result = subprocess.run([hadolint, "--ignore", "DL3008", str(DOCKERFILE)], capture_output=True, text=True,
