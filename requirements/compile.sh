@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate the hashed lock files from pyproject.toml (and java.in, build.in) with uv's pip compile:
+# Regenerate the hashed lock files from pyproject.toml (and java.in, lint.in, build.in) with uv's pip compile:
 #   python3 -m venv /tmp/uv && /tmp/uv/bin/pip install uv && PATH=/tmp/uv/bin:$PATH bash requirements/compile.sh
 # Pins already in a lock are kept unless pyproject.toml no longer allows them; to move one on, add
 # `--upgrade-package NAME` (or `--upgrade` for all) to the command line: bash requirements/compile.sh --upgrade
@@ -12,4 +12,5 @@ compile=(uv pip compile --quiet --universal --python-version 3.11 --generate-has
 "${compile[@]}" pyproject.toml --extra test -c requirements/runtime.txt -o requirements/test.txt
 "${compile[@]}" pyproject.toml --extra test --extra bench -c requirements/test.txt -o requirements/bench.txt
 "${compile[@]}" requirements/java.in -o requirements/java.txt
+"${compile[@]}" requirements/lint.in -o requirements/lint.txt
 "${compile[@]}" requirements/build.in -o requirements/build.txt

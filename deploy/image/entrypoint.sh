@@ -9,12 +9,13 @@
 # environment variable avoids it). nss_wrapper (LD_PRELOAD, inherited by the JVM and the Python
 # workers) serves a copy of /etc/passwd with a line for this uid from a temporary directory, so
 # /etc/passwd stays read-only and so may the whole root filesystem (deploy/kubernetes).
+# NSS_WRAPPER_LIB: the library elsewhere than Debian's libnss-wrapper puts it (the tests' copy in .venv).
 set -eu
 uid=$(id -u)
 if ! getent passwd "$uid" >/dev/null 2>&1; then
   lib=""
-  for candidate in /usr/lib/*/libnss_wrapper.so /usr/lib/libnss_wrapper.so; do
-    if [ -f "$candidate" ]; then lib=$candidate; break; fi
+  for candidate in "${NSS_WRAPPER_LIB:-}" /usr/lib/*/libnss_wrapper.so /usr/lib/libnss_wrapper.so; do
+    if [ -n "$candidate" ] && [ -f "$candidate" ]; then lib=$candidate; break; fi
   done
   if [ -z "$lib" ]; then
     echo "entrypoint: uid $uid has no passwd entry and libnss_wrapper.so is not installed" \

@@ -600,9 +600,10 @@ def test_dockerignore_lets_only_the_entrypoint_out_of_deploy():
     assert ignore.excluded("deploy/kubernetes/deployment.yaml") and ignore.excluded("deploy/README.md")
 
 
-# The entrypoint, run on this host: nss_wrapper comes from Debian's libnss-wrapper (scripts/bootstrap.sh
-# installs it where it can, CI always); a uid without a passwd entry is made with a user namespace.
-NSS_WRAPPER = next(iter(sorted(Path("/usr/lib").glob("*/libnss_wrapper.so"))), None)
+# The entrypoint, run on this host: nss_wrapper from Debian's libnss-wrapper (scripts/bootstrap.sh puts its
+# library in .venv wherever apt-get is); a uid without a passwd entry is made with a user namespace.
+NSS_WRAPPER = next(iter([*sorted(Path("/usr/lib").glob("*/libnss_wrapper.so")),
+                         *(ROOT / ".venv" / "lib" / "nss_wrapper").glob("libnss_wrapper.so")]), None)
 needs_nss_wrapper = pytest.mark.skipif(
     NSS_WRAPPER is None and os.environ.get("CI") != "true",
     reason="libnss_wrapper.so not installed (Debian: apt-get install libnss-wrapper)")
@@ -618,7 +619,7 @@ def unshare_as(uid: int, gid: int) -> list[str]:
 def test_entrypoint_gives_an_unknown_uid_a_passwd_entry(tmp_path):
     """Without an entry the JVM's login fails ("Invalid UID"); the entrypoint adds one, /etc/passwd untouched."""
     unknown_uid, who = unshare_as(1000680000, 0), [sys.executable, "-c", WHO]
-    env = {"PATH": os.environ["PATH"], "TMPDIR": str(tmp_path)}
+    env = {"PATH": os.environ["PATH"], "TMPDIR": str(tmp_path), "NSS_WRAPPER_LIB": str(NSS_WRAPPER)}
     without = subprocess.run([*unknown_uid, *who], capture_output=True, text=True, env=env, timeout=30)
     assert without.returncode != 0 and "uid not found: 1000680000" in without.stderr, "the uid must be unknown"
     done = subprocess.run([*unknown_uid, str(ENTRYPOINT), *who], capture_output=True, text=True, env=env, timeout=30)

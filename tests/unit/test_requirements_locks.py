@@ -41,7 +41,7 @@ def requirement_names(requirements: list[str]) -> set[str]:
 
 
 def test_every_pin_is_exact_and_hashed():
-    for lock in ("runtime.txt", "test.txt", "bench.txt", "java.txt", "build.txt"):
+    for lock in ("runtime.txt", "test.txt", "bench.txt", "java.txt", "lint.txt", "build.txt"):
         text = (REQ / lock).read_text()
         assert "uv pip compile" in text.splitlines()[1], f"{lock} is generated (requirements/compile.sh)"
         entries = re.split(r"\n(?=[A-Za-z0-9])", text.split("\n", 2)[2])
@@ -75,17 +75,20 @@ def test_installers_use_the_locks_with_hashes():
     assert "--require-hashes -r requirements/build.txt" in bootstrap
     assert '--require-hashes "${locks[@]}"' in bootstrap and "-r requirements/test.txt" in bootstrap
     assert "-r requirements/java.txt" in bootstrap
+    assert "-r requirements/lint.txt" in bootstrap, "hadolint, for the Dockerfile lint in tests/unit/test_deploy.py"
     assert "--no-deps --no-build-isolation -e ." in bootstrap
     assert "requirements.lock" not in bootstrap
     assert not (ROOT / "requirements.lock").exists(), "one set of locks"
 
 
 def _installed_from_current_locks() -> bool:
-    """bootstrap.sh's stamp for the current locks (with or without java.txt) is in .venv."""
+    """bootstrap.sh's stamp for the current locks (with or without java.txt, lint.txt) is in .venv."""
     digest = hashlib.sha256()
     files = sorted([ROOT / "pyproject.toml", *REQ.glob("*.txt")], key=lambda p: str(p.relative_to(ROOT)))
     listing = "".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.relative_to(ROOT)}\n" for p in files)
-    for locks in ("-r requirements/test.txt", "-r requirements/test.txt -r requirements/java.txt"):
+    combinations = [f"-r requirements/test.txt{java}{lint}" for java in ("", " -r requirements/java.txt")
+                    for lint in ("", " -r requirements/lint.txt")]
+    for locks in combinations:
         digest = hashlib.sha256(f"{listing}{locks}\n".encode()).hexdigest()[:16]
         if (ROOT / ".venv" / f".installed-{digest}").exists():
             return True
@@ -96,7 +99,7 @@ def _installed_from_current_locks() -> bool:
                     "(run scripts/bootstrap.sh)")
 def test_every_installed_distribution_is_locked():
     locked: dict[str, set[str]] = {}
-    for lock in ("test.txt", "bench.txt", "java.txt", "build.txt"):
+    for lock in ("test.txt", "bench.txt", "java.txt", "lint.txt", "build.txt"):
         for name, versions in pins(lock).items():
             locked.setdefault(name, set()).update(versions)
     project = canonical(PYPROJECT["project"]["name"])
