@@ -170,8 +170,8 @@ def test_dashboard_separates_deployments():
 
 # scripts/bootstrap.sh puts promtool in .venv/bin wherever apt-get is (from Debian's prometheus package).
 PROMTOOL = shutil.which("promtool") or shutil.which("promtool", path=str(Path(__file__).parents[2] / ".venv" / "bin"))
-# CI (`.ci/run` sets CI=true; bootstrap installs promtool there) must evaluate the rules: a skip there
-# would pass rules that cannot fire. Elsewhere the tests skip and say how to get promtool.
+# CI (`.ci/run` sets CI=true) must evaluate the rules: a skip there would pass rules that cannot fire.
+# Elsewhere, on a machine without apt-get, the tests skip and say how to get promtool.
 needs_promtool = pytest.mark.skipif(
     not PROMTOOL and os.environ.get("CI") != "true",
     reason="promtool not installed (Debian: apt-get install --no-install-recommends prometheus)")
