@@ -47,13 +47,16 @@ Maintenance (compaction, log cleanup, vacuum) runs after a commit on a version m
 
 from __future__ import annotations
 
+import decimal
 import json
 import logging
+import math
 import pathlib
+import re
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -112,6 +115,26 @@ class DeltaFile:
 
 
 @dataclass(frozen=True)
+class BadValue:
+    """A record with a value its table's column cannot take (text in a number column): left out of the merge
+    and handed to the caller's policy (the service's SINK_ERROR_POLICY), so one dirty value costs its record."""
+
+    topic: str
+    partition: int
+    offset: int
+    column: str
+    value: str
+    wanted: str  # the table's type of the column
+
+    def describe(self) -> str:
+        return (f"topic={self.topic} partition={self.partition} offset={self.offset}: column {self.column!r} holds "
+                f"{self.value[:100]!r}, which the Delta table's {self.wanted} column cannot take")
+
+
+BadValues = Callable[[list[BadValue]], None]
+
+
+@dataclass(frozen=True)
 class _Piece:
     """What one attempt applies of a file: its rows from the table's covered end on."""
 
@@ -119,6 +142,7 @@ class _Piece:
     rows: pa.Table
     app_id: str
     applied_from: int
+    bookkeeping: tuple[str, ...] = ()  # columns of `rows` the table never gets (parquet_info.BOOKKEEPING_KEY)
 
     def describe(self) -> dict[str, Any]:
         m = self.metadata
@@ -168,10 +192,13 @@ class DeltaTarget:
         )
 
     def merge(self, files: Sequence[DeltaFile], on_retry: OnRetry | None = None,
-              by_hand: bool = False) -> tuple[dict[str, Any], int]:
+              by_hand: bool = False, on_bad_values: BadValues | None = None) -> tuple[dict[str, Any], int]:
         """Apply files of one table in one commit: the latest row per key across all of them, and every
         partition's progress as its application transaction. A partition's files must come in offset order.
         `by_hand`: apply every row whatever the table's progress, and record none (see `upload`).
+        `on_bad_values`: called before the commit with the records whose value a column cannot take (text in a
+        number column the table may not widen), which the merge leaves out; it may raise to stop the merge.
+        Without it such a file is refused whole.
 
         Returns the commit's details and the attempts it took. A refusal (FatalUploadError, reason
         `delta_schema`) carries the files it concerns as `error.files`: one when a file does not fit the
@@ -182,7 +209,7 @@ class DeltaTarget:
         uri = uris.pop()
         with self._lock:  # one merge at a time per target: a second would only conflict with the first
             details, attempts = call_with_retries(
-                lambda attempt: self._apply(files, uri, by_hand), self.settings.retry, on_retry)
+                lambda attempt: self._apply(files, uri, by_hand, on_bad_values), self.settings.retry, on_retry)
             cached = self._tables.get(uri)
             if details.get("committed_version") and cached is not None:  # after our commit; never raises
                 maintenance = maintain(cached[0], self.settings, details["committed_version"])
@@ -227,7 +254,8 @@ class DeltaTarget:
 
     # --- one attempt ----------------------------------------------------------------------------
 
-    def _apply(self, files: Sequence[DeltaFile], uri: str, by_hand: bool = False) -> dict[str, Any]:
+    def _apply(self, files: Sequence[DeltaFile], uri: str, by_hand: bool = False,
+               on_bad_values: BadValues | None = None) -> dict[str, Any]:
         what = f"Delta merge of {_describe(files)} into {uri}"
         pieces: list[_Piece] = []
         try:
@@ -255,15 +283,16 @@ class DeltaTarget:
                                                       f"and it has no {OFFSET} column to apply only the rest by")
                     rows = rows.filter(pc.greater_equal(rows[OFFSET], pa.scalar(done, rows.schema.field(OFFSET).type)))
                     applied_from = done
-                rows = rows.drop_columns(list(bookkeeping_columns(rows.schema)))
-                pieces.append(_Piece(metadata, _storable(rows), app_id, applied_from))
+                pieces.append(_Piece(metadata, _storable(rows), app_id, applied_from, bookkeeping_columns(rows.schema)))
                 if not by_hand:
                     ends[app_id] = metadata.last_offset + 1
             if not pieces:
                 return {"version": table.version(), "skipped": True, "skipped_files": skipped, "applied": []}
             if table is None:
-                table = self._create(uri, pieces[0].rows.schema)
-            rows = self._fitted(pieces, table, uri, files[0].path.parent)
+                table = self._create(uri, pieces[0].rows.drop_columns(list(pieces[0].bookkeeping)).schema)
+            rows, bad = self._fitted(pieces, table, uri, files[0].path.parent, on_bad_values is not None)
+            if bad and on_bad_values is not None:
+                on_bad_values(bad)
             # Creating or widening the table loaded its newest snapshot: a rival's commit read there (a zombie's
             # merge of these ranges) would not fail ours, which only conflicts with commits after it.
             if not by_hand:
@@ -303,28 +332,30 @@ class DeltaTarget:
         not_applied = max(0, counts.get("num_source_rows", rows.num_rows) - changed)
         return {"version": committed, "committed_version": committed if committed != read_version else None,
                 "skipped": False, "skipped_files": skipped, "applied": applied,
-                "covered_to": ends, "rows": rows.num_rows, "rows_not_applied": not_applied,
+                "covered_to": ends, "rows": rows.num_rows, "rows_not_applied": not_applied, "bad_values": len(bad),
                 **{k: v for k, v in counts.items() if k.startswith("num_")}}
 
-    def _fitted(self, pieces: list[_Piece], table: DeltaTable, uri: str, scratch: pathlib.Path) -> pa.Table:
+    def _fitted(self, pieces: list[_Piece], table: DeltaTable, uri: str, scratch: pathlib.Path,
+                tolerate: bool) -> tuple[pa.Table, list[BadValue]]:
         """The pieces' rows in one Arrow table of the table's types, the table widened first where a
-        file holds wider values; each row tagged with its file's place in the merge (`_FILE`)."""
-        fitted = [self._fit(p.rows, table, p.metadata, uri) for p in pieces]
+        file holds wider values; each row tagged with its file's place in the merge (`_FILE`). With
+        `tolerate`, the records holding a value a column cannot take are left out and returned."""
+        fitted = [self._fit(p, table, uri, tolerate) for p in pieces]
         widen: dict[str, pa.DataType] = {}
-        for _, wider in fitted:
+        for _, wider, _ in fitted:
             for name, type_ in wider.items():
                 widen[name] = join(widen[name], type_) if name in widen else type_
         if widen:  # the files hold wider values than the table: the table's columns widen first, once
-            needing = next(p.metadata for p, (_, w) in zip(pieces, fitted, strict=True) if w)
+            needing = next(p.metadata for p, (_, w, _) in zip(pieces, fitted, strict=True) if w)
             table = self._widen(table, widen, needing, uri, scratch)
-            fitted = [self._fit(p.rows, table, p.metadata, uri) for p in pieces]
-            if any(wider for _, wider in fitted):
+            fitted = [self._fit(p, table, uri, tolerate) for p in pieces]
+            if any(wider for _, wider, _ in fitted):
                 raise RetryableUploadError(f"Delta merge into {uri}: the table's schema changed meanwhile",
                                            reason=CONFLICT)
         tagged = [rows.append_column(_FILE, pa.repeat(pa.scalar(n, pa.int32()), rows.num_rows))
-                  for n, (rows, _) in enumerate(fitted)]
+                  for n, (rows, _, _) in enumerate(fitted)]
         rows = tagged[0] if len(tagged) == 1 else pa.concat_tables(unify(tagged))
-        return _with_every_column(rows, pa.schema(table.schema().to_arrow()))
+        return _with_every_column(rows, pa.schema(table.schema().to_arrow())), [b for _, _, bad in fitted for b in bad]
 
     def _merge(self, table: DeltaTable, rows: pa.Table, keys: Sequence[str], order: str | None,
                commit: CommitProperties) -> dict[str, Any]:
@@ -378,8 +409,8 @@ class DeltaTarget:
     def _forget(self, uri: str) -> None:
         self._tables.pop(uri, None)
 
-    def _fit(self, rows: pa.Table, table: DeltaTable, metadata: FileMetadata,
-             uri: str) -> tuple[pa.Table, dict[str, pa.DataType]]:
+    def _fit(self, piece: _Piece, table: DeltaTable, uri: str,
+             tolerate: bool) -> tuple[pa.Table, dict[str, pa.DataType], list[BadValue]]:
         """The file's columns converted to the table's types where no value changes (the decode lattice's
         `convert`: int into a double column, a number into a string column, a struct into a struct with
         more fields), and the columns the table must widen to hold the file (the lattice's join: a double
@@ -387,13 +418,20 @@ class DeltaTarget:
 
         delta-rs's own cast would truncate (9.5 into an int column is stored as 9), and its own nested
         schema evolution in a merge nulls the grown struct of every row the merge copies: nothing reaches
-        it in a type the table does not hold."""
+        it in a type the table does not hold.
+
+        With `tolerate`, text in a number or bool column the table may not widen keeps the values that are
+        exactly a number (the lattice wrote the file's numbers as text beside a dirty one) and leaves out the
+        records whose value is not, returned as BadValues; the bookkeeping columns are dropped last."""
+        rows, metadata = piece.rows, piece.metadata
         table_schema = pa.schema(table.schema().to_arrow())
         partitions = set(table.metadata().partition_columns)
         columns, widen = [], {}
+        dirty: pa.Array | None = None  # rows holding a value some column cannot take
+        bad: list[tuple[str, pa.ChunkedArray, pa.Array, str]] = []
         for name in rows.column_names:
             column = rows[name]
-            if name not in table_schema.names:
+            if name not in table_schema.names or name in piece.bookkeeping:
                 columns.append(column)
                 continue
             wanted = table_schema.field(name).type
@@ -415,11 +453,27 @@ class DeltaTarget:
                 columns.append(fitted if fitted.type.equals(wanted) or not _nested(wanted) else fitted.cast(wanted))
                 continue
             problem = self._cannot_widen(name, column.type, wanted, fitted.type, partitions)
+            if problem and tolerate and OFFSET in rows.column_names and _kind(column.type) == 3 \
+                    and _kind(wanted) in (0, 1, 2):
+                parsed, unfit = _exact_values(column, wanted)
+                columns.append(parsed)
+                bad.append((name, column, unfit, str(wanted)))
+                dirty = unfit if dirty is None else pc.or_(dirty, unfit)
+                continue
             if problem:
                 raise _refusal(metadata, uri, problem)
             widen[name] = fitted.type
             columns.append(fitted)
-        return pa.table(columns, names=rows.column_names), widen
+        fitted_rows = pa.table(columns, names=rows.column_names)
+        values: list[BadValue] = []
+        if dirty is not None:
+            offsets = rows[OFFSET].combine_chunks()
+            for name, column, unfit, wanted in bad:
+                for row in pc.indices_nonzero(unfit).to_pylist():
+                    values.append(BadValue(metadata.topic, metadata.partition, offsets[row].as_py(), name,
+                                           str(column[row].as_py()), wanted))
+            fitted_rows = fitted_rows.filter(pc.invert(dirty))
+        return fitted_rows.drop_columns(list(piece.bookkeeping)), widen, values
 
     def _cannot_widen(self, name: str, have: pa.DataType, wanted: pa.DataType, wider: pa.DataType,
                       partitions: set[str]) -> str | None:
@@ -593,6 +647,34 @@ def _equivalent(a: pa.DataType, b: pa.DataType) -> bool:
 def _same_kind(have: pa.DataType, wanted: pa.DataType) -> bool:
     """Both strings (string/large/view) or both the same timestamp family: delta-rs converts losslessly."""
     return _kind(have) == 3 and _kind(wanted) == 3
+
+
+def _exact_values(column: pa.ChunkedArray, wanted: pa.DataType) -> tuple[pa.Array, pa.Array]:
+    """`column`'s text as `wanted` where a value is exactly one of its values ("12" for a long, "9.5" or
+    "1e+16" for a double, "true" for a bool), null elsewhere; and the mask of non-null values that are not."""
+    texts = column.combine_chunks().to_pylist()
+    known: dict[str, Any] = {}
+    for text in set(texts) - {None}:
+        known[text] = _exact_value(text, wanted)
+    values = [None if t is None else known[t] for t in texts]
+    unfit = [t is not None and known[t] is None for t in texts]
+    return pa.array(values, wanted), pa.array(unfit, pa.bool_())
+
+
+def _exact_value(text: str, wanted: pa.DataType) -> Any:
+    """The value of `wanted` that `text` writes exactly, or None."""
+    try:
+        if pa.types.is_boolean(wanted):
+            return {"true": True, "false": False}.get(text)
+        if pa.types.is_integer(wanted):
+            return pa.scalar(int(text), wanted).as_py() if re.fullmatch(r"-?\d+", text) else None
+        number = decimal.Decimal(text)
+        if pa.types.is_decimal(wanted):
+            return pa.scalar(number, wanted).as_py()
+        value = float(text)
+        return value if math.isfinite(value) and decimal.Decimal(value) == number else None
+    except (ValueError, ArithmeticError, pa.ArrowInvalid, OverflowError):
+        return None
 
 
 def _lossless(column: pa.ChunkedArray, wanted: pa.DataType, convert: Any) -> pa.Array:

@@ -80,7 +80,8 @@ class DecodeSettings:
         "SINK_SCHEMA_REGISTRY_BASIC_AUTH", "`user:password` for the schema registry's HTTP basic auth.",
         secret=True, group="Records")
     error_policy: str = setting(
-        "SINK_ERROR_POLICY", "Records that cannot be decoded or lack a primary key: `fail` stops "
+        "SINK_ERROR_POLICY", "Records that cannot be decoded or lack a primary key, or hold a value the "
+        "Delta table's column cannot take (text in a number column): `fail` stops "
         "with an error naming topic, partition and offset; `skip` logs and counts each one; `dlq` also "
         "produces each one, unchanged, to `SINK_DLQ_TOPIC` and commits its offset only once the topic "
         "has acknowledged it (see Operations: dead letters).",

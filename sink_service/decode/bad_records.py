@@ -15,7 +15,7 @@ import pyarrow as pa
 BAD_RECORD_KINDS = (
     "tombstone", "empty_value", "invalid_json", "invalid_key", "schema_mismatch", "reserved_field", "field_collision",
     "missing_key", "unwritable", "unknown_schema_id", "invalid_avro", "invalid_protobuf", "invalid_csv",
-    "transform_failed", "invalid_header",
+    "transform_failed", "invalid_header", "table_type",
 )
 Failures = dict[int, tuple[str, str]]  # row -> (reason, kind)
 

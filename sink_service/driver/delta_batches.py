@@ -31,6 +31,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import TypeVar
 
+from sink_service.driver.delta_bad_values import DeltaBadValues
 from sink_service.driver.metrics import SinkMetrics
 from sink_service.driver.offset_commit import TP
 from uploader.delta import DeltaFile, DeltaRefusal, DeltaTarget
@@ -59,8 +60,9 @@ class StagedUpload:
 
 class DeltaBatches:
     def __init__(self, settings: DeltaSettings, parked: DirectorySettings | S3Settings | None, scratch: Path,
-                 max_bytes: int, metrics: SinkMetrics) -> None:
-        """`parked`: where refused files go under SINK_REJECTED_FILE_POLICY=park; None under `fail`."""
+                 max_bytes: int, metrics: SinkMetrics, bad_values: DeltaBadValues | None = None) -> None:
+        """`parked`: where refused files go under SINK_REJECTED_FILE_POLICY=park; None under `fail`.
+        `bad_values`: SINK_ERROR_POLICY for records a column cannot take; None refuses their whole file."""
         self.settings = settings
         self.target = DeltaTarget(settings)
         self.staging = DeltaStagingTarget(DeltaStagingSettings(settings))
@@ -68,6 +70,7 @@ class DeltaBatches:
         self.scratch = scratch / "delta-merge"  # downloads of files staged on S3
         self.max_bytes = max_bytes
         self.metrics = metrics
+        self.bad_values = bad_values
         self._leftovers: dict[TP, list[StagedFile]] = {}  # found at the query's start, not yet passed
         self._lock = threading.Lock()  # `clean` runs beside the batches (start_cleaning)
 
@@ -78,6 +81,8 @@ class DeltaBatches:
         replay re-stages and the table's transactions skip what it holds) and FatalUploadError for what a
         person must fix, a refused file under the `fail` policy included."""
         staged = covered_uploads(rows, commits)
+        if self.bad_values is not None:
+            self.bad_values.new_batch()
         for group in merge_groups(staged, self.settings, self.max_bytes):
             self._apply(group)
         return staged
@@ -151,7 +156,7 @@ class DeltaBatches:
     def _merge(self, files: list[DeltaFile]) -> None:
         started = time.monotonic()
         try:
-            details, attempts = self.target.merge(files, on_retry=self._count_retry)
+            details, attempts = self.target.merge(files, on_retry=self._count_retry, on_bad_values=self.bad_values)
         except DeltaRefusal as refusal:
             if len(refusal.files) > 1:  # delta-rs refused the merge as a whole: find the file one by one
                 for file in files:

@@ -122,14 +122,19 @@ class Pipeline:
 
     def _delta_batches(self) -> DeltaBatches:
         """The driver's half of a Delta target: tasks stage, the driver merges each batch in one commit."""
-        from sink_service.driver.delta_batches import DeltaBatches  # deltalake only for a Delta target
+        from sink_service.driver.delta_bad_values import DeltaBadValues  # deltalake only for a Delta target
+        from sink_service.driver.delta_batches import DeltaBatches
+        from sink_service.task.range_reader import consumer_config
 
         settings = target_settings(self.config)
         parked = None
         if isinstance(settings, ParkingSettings):
             settings, parked = settings.inner, settings.parked
+        bad_values = DeltaBadValues(self.config.error_policy, self.metrics, self.task_spec.dead_letters,
+                                    consumer_config(self.client_config, self.config.group_id),
+                                    self.config.read_batch_max_bytes)
         return DeltaBatches(settings, parked, Path(self.config.scratch_dir), self.config.delta_merge_max_bytes,
-                            self.metrics)
+                            self.metrics, bad_values)
 
     def assignment_changed(self) -> bool:
         """The group moved partitions since the query started: it must restart on the new ones."""

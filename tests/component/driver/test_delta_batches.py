@@ -160,11 +160,11 @@ def test_finding_the_refused_file_downloads_each_staged_file_once(settings, tmp_
     real_merge = merger.target.merge
     whole: list[int] = []
 
-    def refuse_the_first_group_as_a_whole(files, on_retry=None):
+    def refuse_the_first_group_as_a_whole(files, on_retry=None, on_bad_values=None):
         if not whole:  # as delta-rs does when its own cast fails on the merged source
             whole.append(len(files))
             raise DeltaRefusal([f.metadata for f in files], "table", "Cast error: made up")
-        return real_merge(files, on_retry)
+        return real_merge(files, on_retry, on_bad_values=on_bad_values)
     monkeypatch.setattr(merger.target, "merge", refuse_the_first_group_as_a_whole)
 
     merger.merge(later.outcome_rows(), {("orders", 0): 4, ("orders", 1): 2})

@@ -18,7 +18,7 @@ import pytest
 from deltalake import DeltaTable
 
 from sink_service.task.parquet_files import ClosedFile, PartitionFileWriter
-from uploader.delta import DeltaFile, DeltaTarget
+from uploader.delta import DeltaFile, DeltaRefusal, DeltaTarget
 from uploader.delta_settings import DeltaSettings
 from uploader.retry import RetryPolicy
 from uploader.target import FileMetadata
@@ -44,7 +44,8 @@ def _files(tmp: Path, phases: Sequence[Sequence[tuple[int, Record | None]]], *, 
             row.update(value or {})
             rows.append(row)
             offset += 1
-        writer.append(pa.Table.from_pylist(rows))
+        for row in rows:  # a record per chunk: the writer joins their types as the decoder would (lattice)
+            writer.append(pa.Table.from_pylist([row]))
         writer.finish()
     return [DeltaFile(c.path, FileMetadata(
         topic=TOPIC, partition=0, first_offset=c.first_offset, last_offset=c.last_offset,
@@ -138,3 +139,35 @@ def test_hard_deletes_end_the_same_whatever_the_batching(tmp_path: Path, batchin
     phases = [[(1, {"amount": 1}), (2, {"amount": 2})], [(1, None)], [(1, {"amount": 3}), (2, None)], [(3, None)]]
     uri = _apply(tmp_path, _files(tmp_path, phases), batching, hard_deletes=True)
     assert _table_rows(uri) == {k: v for k, v in _expected(phases).items() if not v["_deleted"]}
+
+
+def test_a_value_a_column_cannot_take_costs_its_record_and_the_rest_of_its_file_merges(tmp_path: Path) -> None:
+    """Text beside numbers in one file (the lattice wrote its numbers as their digits): the exact numbers
+    merge as numbers, and only the records whose text is no number are handed back as bad values."""
+    uri = str(tmp_path / "table")
+    target = DeltaTarget(DeltaSettings(table_uri=uri, group_id="g", retry=FAST))
+    target.merge(_files(tmp_path / "a", [[(k, {"amount": k, "ratio": 0.5}) for k in range(5)]]))
+    dirty = _files(tmp_path / "b", [[(0, {"amount": 12, "ratio": 1.5}), (1, {"amount": "n/a", "ratio": 2.5}),
+                                     (2, {"amount": 7, "ratio": "9007199254740993"}), (3, {"amount": None})]],
+                   start=5)
+    handed: list = []
+    details, _ = target.merge(dirty, on_bad_values=handed.extend)
+
+    assert [(b.offset, b.column, b.value) for b in handed] == [(6, "amount", "n/a"), (7, "ratio", "9007199254740993")]
+    assert "topic=orders partition=0 offset=6: column 'amount' holds 'n/a'" in handed[0].describe()
+    assert details["bad_values"] == 2
+    rows = _table_rows(uri)
+    assert rows[0] == {"id": 0, "_offset": 5, "_deleted": False, "amount": 12, "ratio": 1.5}
+    assert rows[1]["_offset"] == 1 and rows[2]["_offset"] == 2, "the bad records' keys keep their earlier rows"
+    assert rows[3] == {"id": 3, "_offset": 8, "_deleted": False}
+    schema = pa.schema(DeltaTable(uri).schema().to_arrow())
+    assert schema.field("amount").type == pa.int64() and schema.field("ratio").type == pa.float64()
+    assert DeltaTable(uri).transaction_version("kafka-parquet-sink/g/orders/0") == 9
+
+
+def test_without_a_policy_for_bad_values_the_file_is_refused_whole(tmp_path: Path) -> None:
+    uri = str(tmp_path / "table")
+    target = DeltaTarget(DeltaSettings(table_uri=uri, group_id="g", retry=FAST))
+    target.merge(_files(tmp_path / "a", [[(0, {"amount": 1})]]))
+    with pytest.raises(DeltaRefusal, match="'amount'"):
+        target.merge(_files(tmp_path / "b", [[(1, {"amount": "n/a"}), (2, {"amount": 3})]], start=1))
