@@ -1,13 +1,13 @@
-"""Peak memory of the driver's Delta merge against the Parquet bytes it merges (issue 37, item 11).
+"""Peak memory of the driver's Delta merge against the rows it merges (issue 37, item 11).
 
     .venv/bin/python -m bench.delta_merge_memory                    # 32, 64 and 128 MiB of rows
     .venv/bin/python -m bench.delta_merge_memory --sizes-mib 64,256
 
-For each size a child process builds a small table (10k keys), writes 8 staged files of distinct new keys
-shaped like the benchmark workload (bench.delta_common.rows, zstd as the service writes them) whose rows
-add up to about that many MiB in Arrow (what SINK_DELTA_MERGE_MAX_BYTES counts), and applies them with `uploader.delta.DeltaTarget.merge`, as the driver
-does for one group of SINK_DELTA_MERGE_MAX_BYTES. Measured: the child's peak RSS (ru_maxrss) before and after
-the merge, the files' decoded Arrow bytes, and the ratio of the merge's growth to the Parquet bytes: the
+For each size a child process builds a small table (10k keys) and writes 8 staged files of distinct new keys
+shaped like the benchmark workload (bench.delta_common.rows, zstd as the service writes them) whose rows add
+up to about that many MiB in Arrow (what SINK_DELTA_MERGE_MAX_BYTES counts); another child applies them
+with `uploader.delta.DeltaTarget.merge`, as the driver does for one group. Measured: that child's peak RSS
+(ru_maxrss) before and after the merge, and the merge's growth per MiB of Parquet and of Arrow rows: the
 factor that turns SINK_DELTA_MERGE_MAX_BYTES into the driver's memory. Writes
 bench/results/delta_merge_memory.{json,md}.
 """
