@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,14 @@ PASSWD = "root:x:0:0:root:/root:/bin/bash\nsink:x:10001:10001::/home/sink:/usr/s
 
 
 def sleeper(env: dict[str, str]) -> subprocess.Popen:
-    """A process started with `env`, as the service is by the entrypoint."""
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    """A process started with `env`, as the service is by the entrypoint; returned once its exec is done
+    (until then /proc/<pid>/environ may read empty), as the service's is long before the rehearsal looks."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    deadline = time.monotonic() + 10
+    while b"time.sleep" not in Path(f"/proc/{process.pid}/cmdline").read_bytes():
+        assert time.monotonic() < deadline, "the sleeper did not start"
+        time.sleep(0.01)
+    return process
 
 
 @pytest.fixture
@@ -42,7 +49,8 @@ def test_a_uid_with_an_entry_needs_no_nss_wrapper():
     finally:
         process.kill()
         process.wait()
-    process = sleeper({"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libnss_wrapper.so", "NSS_WRAPPER_PASSWD": "/x"})
+    process = sleeper({"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libnss_wrapper.so", "NSS_WRAPPER_PASSWD": "/x",
+                       "NSS_WRAPPER_GROUP": "/etc/group"})
     try:
         with pytest.raises(CheckFailed, match="yet the entrypoint preloaded nss_wrapper"):
             check_passwd_entry(process.pid, "10001", has_entry=True)
