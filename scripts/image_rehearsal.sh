@@ -3,8 +3,9 @@
 # (devkit/image_dockerfile.py reads and runs the Dockerfile's own instructions, multi-stage, in a
 # debootstrapped python:3.11-slim-bookworm equivalent), starts the service from it as the image's
 # non-root user (chroot in a private mount namespace) against a noida-db broker and a local EMS
-# endpoint, once as `docker run` would and once as deploy/kubernetes would (read-only root, empty /tmp),
-# and checks /healthz, /readyz, the image's HEALTHCHECK, delivery, scratch writes, commits and exit 0
+# endpoint, in four modes: as `docker run` would, as deploy/kubernetes would (read-only root, empty /tmp),
+# as an arbitrary uid in group 0 (`docker run --user N:0`) and as OpenShift would (that uid, read-only
+# root); `--modes` picks some (devkit/image_build.py). It checks /healthz, /readyz, the image's HEALTHCHECK, delivery, scratch writes, commits and exit 0
 # on SIGTERM. Prints the image size. Exits non-zero on any failure.
 #
 #   sudo scripts/image_rehearsal.sh                 # build + check; outputs in /work/image-build
