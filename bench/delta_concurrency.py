@@ -8,9 +8,8 @@ A table of `--keys` keys (no partition column unless `--partition-by _partition`
 micro-batches of 8 files (one per Kafka partition, `--rows` rows each, half updates, half new keys). W writer
 processes start together; writer w owns the Kafka partitions p with p % W == w:
 
-- `per-file xW` (`--writers`): W executor tasks of the design before the driver merged micro-batches (today
-  `python -m uploader push`): each applies its files in offset order with `uploader.delta.DeltaTarget.upload`,
-  one commit per file.
+- `per-file xW` (`--writers`): W executor tasks of the design before the driver merged micro-batches: each
+  applies its files in offset order with `uploader.delta.DeltaTarget.merge` of one file, one commit per file.
 - `batch xW` (`--batch-writers`, 1 by default): W instances of one consumer group, each driver merging its
   partitions' files of each micro-batch in one commit with `uploader.delta.DeltaTarget.merge`, as the service does.
 
@@ -105,9 +104,9 @@ def child_writer(spec: dict) -> dict:
         for f in _mine(files, spec):
             t0 = time.time()
             try:
-                receipt = target.upload(f.path, f.metadata, on_retry)
-                uploads.append({"start": t0, "end": time.time(), "attempts": receipt.attempts,
-                                "skipped": bool(receipt.details.get("skipped")), "files": 1})
+                details, attempts = target.merge([f], on_retry)  # one file per commit, with its transaction
+                uploads.append({"start": t0, "end": time.time(), "attempts": attempts,
+                                "skipped": bool(details.get("skipped")), "files": 1})
             except Exception as exc:  # a file that exhausted its retry budget: the batch would fail and replay
                 uploads.append({"start": t0, "end": time.time(), "error": f"{type(exc).__name__}: {exc}"[:300]})
     return {"uploads": uploads, "retries": dict(retries)}

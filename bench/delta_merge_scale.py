@@ -6,9 +6,8 @@
 For each table size and layout a base table of N keys is built once (in a child process), then copied per
 mode, and one child process per mode merges the same micro-batches into its copy:
 
-- `per-file`: `uploader.delta.DeltaTarget.upload` for each file (one MERGE commit per file, each with its
-  partition's application transaction): the service's design before the driver merged micro-batches, kept for
-  `python -m uploader push`;
+- `per-file`: `uploader.delta.DeltaTarget.merge` of each file alone (one MERGE commit per file, each with its
+  partition's application transaction): the service's design before the driver merged micro-batches;
 - `batch`: the service's design, `uploader.delta.DeltaTarget.merge` of the micro-batch's files as the driver
   calls it: ONE commit with the latest row per key across the files and every partition's application transaction.
 
@@ -102,8 +101,8 @@ def child_merge(spec: dict) -> dict:
         if mode == "per-file":
             for f in files:
                 t0 = time.monotonic()
-                receipt = target.upload(f.path, f.metadata)
-                per_commit.append({"s": time.monotonic() - t0, **{k: v for k, v in receipt.details.items()
+                details, _ = target.merge([f])  # one file per commit, with its transaction
+                per_commit.append({"s": time.monotonic() - t0, **{k: v for k, v in details.items()
                                                                    if k.startswith("num_")}})
         elif mode == "batch":
             t0 = time.monotonic()

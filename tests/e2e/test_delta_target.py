@@ -39,7 +39,7 @@ from tests.e2e.delta_checks import (
     delete_env,
     produce_orders_with_deletes,
 )
-from uploader.delta import DeltaTarget
+from uploader.delta import DeltaFile, DeltaTarget
 from uploader.delta_settings import APP_ID_PREFIX, DeltaSettings
 from uploader.delta_staging import STAGING_DIR
 from uploader.target import FileMetadata
@@ -262,9 +262,9 @@ def _apply_head_by_hand(bootstrap: str, topic: str, group: str, location: DeltaL
         consumer.close()
         path = tmp_path / f"head-{partition}.parquet"
         pq.write_table(pa.Table.from_pylist(rows), path)
-        target.upload(path, FileMetadata(topic=topic, partition=partition, first_offset=0, last_offset=count - 1,
-                                         record_count=count, target_table=topic, primary_keys=("id",),
-                                         order_column="_offset", schema_fingerprint="by-hand"))
+        target.merge([DeltaFile(path, FileMetadata(
+            topic=topic, partition=partition, first_offset=0, last_offset=count - 1, record_count=count,
+            target_table=topic, primary_keys=("id",), order_column="_offset", schema_fingerprint="by-hand"))])
 
 
 def test_the_table_equals_each_keys_latest_record_field_by_field_through_the_service(
