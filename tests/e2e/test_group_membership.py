@@ -311,6 +311,7 @@ def test_a_group_member_thread_that_dies_stops_the_service_with_a_clear_error(
 
 REPLICAS = 3
 REPLICA_PARTITIONS = 6
+GROUP_FORMING_ATTEMPTS = 3
 
 
 @pytest.mark.parametrize("starting", ["latest", "timestamp"])
@@ -325,14 +326,28 @@ def test_replicas_of_a_new_group_started_together_all_start_where_the_setting_sa
     if starting == "timestamp":  # a moment after the backlog: every partition starts at its end
         time.sleep(0.01)
         starting = "timestamp:" + time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 1)) + "Z"
-    envs = [service_env(topic, group, SINK_STARTING_OFFSETS=starting, SINK_FLUSH_INTERVAL_MS=1000,
-                        SINK_SCRATCH_DIR=str(tmp_path / f"replica-{n}")) for n in range(REPLICAS)]
-    replicas = [services(env) for env in envs]  # at once: their starts interleave as they will
+    for attempt in range(GROUP_FORMING_ATTEMPTS):
+        envs = [service_env(topic, group, SINK_STARTING_OFFSETS=starting, SINK_FLUSH_INTERVAL_MS=1000,
+                            SINK_SCRATCH_DIR=str(tmp_path / f"replica-{attempt}-{n}")) for n in range(REPLICAS)]
+        replicas = [services(env) for env in envs]  # at once: their starts interleave as they will
+        try:
+            wait_until(lambda: all(_assigned(s) == REPLICA_PARTITIONS // REPLICAS for s in replicas)  # noqa: B023
+                       and all((s.readiness(int(env["SINK_HTTP_PORT"])) or (0,))[0] == 200
+                               for s, env in zip(replicas, envs, strict=True)), 90,  # noqa: B023
+                       "three ready replicas with two partitions each")
+            break
+        except AssertionError:
+            # noida-db sometimes never forms a group whose members join within ~0.6 s of each other (reproduced
+            # with bare group members, without the service): a broker fault, not the start being tested. Nothing
+            # was assigned, so nothing was committed; the same start is tried again as a new group.
+            if any(_assigned(s) for s in replicas) or committed_offsets(bootstrap, group, topic, REPLICA_PARTITIONS):
+                raise
+            for replica in replicas:
+                replica.kill9()
+            group = unique("group")
+    else:
+        raise AssertionError(f"noida-db formed no group of three in {GROUP_FORMING_ATTEMPTS} tries")
     try:
-        wait_until(lambda: all(_assigned(s) == REPLICA_PARTITIONS // REPLICAS for s in replicas)
-                   and all((s.readiness(int(env["SINK_HTTP_PORT"])) or (0,))[0] == 200
-                           for s, env in zip(replicas, envs, strict=True)), 240,
-                   "three ready replicas with two partitions each")
         new = Workload()
         produce_orders(bootstrap, topic, keys=300, updates=2, workload=new, key_prefix="new")
         wait_until(lambda: all_committed(bootstrap, group, topic, REPLICA_PARTITIONS), 180,
