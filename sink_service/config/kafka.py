@@ -58,8 +58,11 @@ class KafkaSettings:
         "offset (logged). A `latest` or `timestamp:` position is committed at once, so replays and "
         "restarts keep it. Once the group has committed, every partition without a commit (a topic or "
         "partition created or matched later, found while running or while the service was down) "
-        "starts at its earliest offset, whichever process finds it. To move a stopped group that has "
-        "committed, use `sink-service offsets`.",
+        "starts at its earliest offset, whichever process finds it. The first replica to start a new "
+        "group commits every subscribed partition's position, so replicas started together all start "
+        "here. A group without commits writing to a Delta table resumes at the table's own progress (its "
+        "application transactions) instead. To move a stopped group that has committed, use "
+        "`sink-service offsets`.",
         "earliest", group="Kafka")
     retention_gap_policy: str = setting(
         "SINK_RETENTION_GAP_POLICY",
