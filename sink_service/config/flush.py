@@ -31,8 +31,6 @@ class FlushSettings:
         "SINK_POLL_INTERVAL_MS", "Micro-batch trigger interval: how often thresholds are checked.",
         1000, minimum=50, group="Flush")
     max_files_per_batch: int = setting(
-        "SINK_MAX_FILES_PER_BATCH", "Most files' worth of records (`SINK_FLUSH_RECORDS`, or fewer by the "
-        "size estimate) admitted into one micro-batch, the last grant overshooting by at most one; a range "
-        "smaller than a file costs its share, at least 1/32, so many small partitions due by time share a "
-        "batch. Bounds batch duration, time to the first commit and how much is replayed after a crash.", 8,
-        minimum=1, group="Flush")
+        "SINK_MAX_FILES_PER_BATCH", "Most offset ranges (files) admitted into one micro-batch; "
+        "bounds batch duration, time to the first commit and how much is replayed after a crash.", 8, minimum=1,
+        group="Flush")

@@ -15,11 +15,6 @@ With riders, time-driven batches come at least half an interval apart, however m
 there are. The price, at high rates: one burst of files per interval instead of several smaller
 ones, so the last file of a burst arrives later (80k records/s: p99 6.5 -> 8.4 s).
 
-A batch's budget (`max_ranges_per_batch`) counts files' worth of records, not ranges: a range
-smaller than a file costs its share (at least `MIN_RANGE_COST`). Counting ranges let a batch take
-8 of 96 partitions due by time, each waiting about 12 batches for its turn (p99 12.6 s at a 5 s
-interval); the volume a batch holds, which bounds its duration and a crash's replay, is the same.
-
 Pure logic, no Kafka: unit-tested directly.
 """
 
@@ -29,9 +24,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 TopicPartition = tuple[str, int]
-# The least a range costs of a batch's budget, however few records it holds: a range has fixed costs
-# (a fetch, a file, an upload), so a batch takes at most 32 ranges per file's worth of budget.
-MIN_RANGE_COST = 1 / 32
 
 
 @dataclass(frozen=True)
@@ -39,7 +31,7 @@ class Thresholds:
     records: int
     bytes: int
     interval_s: float
-    max_ranges_per_batch: int  # in files' worth of records: one range may hold several, or a share of one
+    max_ranges_per_batch: int  # in files' worth of records: one partition's range may hold several
     # The first batch after a start holds one wave of files (one per core), so the first commit,
     # and readiness, come after seconds rather than after a whole backlog.
     first_batch_ranges: int | None = None
@@ -83,7 +75,6 @@ class Admission:
         estimates = bytes_per_record or {}
         # (since, partition, records due by a threshold, records pending), oldest first
         candidates: list[tuple[float, TopicPartition, int, int]] = []
-        file_records: dict[TopicPartition, int] = {}  # a file's worth of records, by the byte estimate
         new_since = now if self.last_plan_at is None else self.last_plan_at
         rider_age = limits.interval_s / 2
         for tp, begin in start.items():
@@ -96,7 +87,6 @@ class Admission:
             estimate = estimates.get(tp[0])
             if estimate:
                 records_per_file = max(1, min(records_per_file, int(limits.bytes / estimate)))
-            file_records[tp] = records_per_file
             timed_out = now - since >= limits.interval_s
             # By count or size only whole files are admitted; by time, everything pending.
             admit = pending if timed_out else (pending // records_per_file) * records_per_file
@@ -114,19 +104,18 @@ class Admission:
         due = [entry for entry in due if entry[2] > 0]
         end = dict(start)
         # Oldest pending data first; every due partition gets one file's worth before any gets two.
-        budget: float = limits.max_ranges_per_batch
+        budget = limits.max_ranges_per_batch
         if not self.admitted_before and limits.first_batch_ranges:
             budget = min(budget, limits.first_batch_ranges)
         grants = {tp: 0 for _, tp, _ in due}
         while budget > 0:
             progressed = False
             for _, tp, admit in due:
-                if budget <= 0:
+                if budget == 0:
                     break
                 if grants[tp] < admit:
-                    step = min(admit - grants[tp], limits.records)
-                    grants[tp] += step
-                    budget -= max(MIN_RANGE_COST, step / file_records[tp])
+                    grants[tp] = min(admit, grants[tp] + limits.records)
+                    budget -= 1
                     progressed = True
             if not progressed:
                 break
