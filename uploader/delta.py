@@ -203,7 +203,7 @@ class DeltaTarget:
         Returns the commit's details and the attempts it took. A refusal (FatalUploadError, reason
         `delta_schema`) carries the files it concerns as `error.files`: one when a file does not fit the
         table; all of them when delta-rs refused the merge, which the caller can split to find the file."""
-        uris = {self.settings.uri_for(f.metadata.topic) for f in files}
+        uris = {self.uri_for(f.metadata.topic) for f in files}
         if len(uris) != 1:
             raise ValueError(f"one merge applies files of one table, not of {sorted(uris)}")
         uri = uris.pop()
@@ -220,14 +220,24 @@ class DeltaTarget:
     def covered_to(self, topic: str, partition: int) -> int | None:
         """The first offset of the partition the table does not hold (its application transaction), or
         None when the table or the partition's transaction does not exist yet."""
-        uri = self.settings.uri_for(topic)
+        uri = self.uri_for(topic)
+        app_id = self.settings.app_id(topic, partition)
         with self._lock:
             try:
                 table = self._open(uri)
-                return table.transaction_version(self.settings.app_id(topic, partition)) if table else None
+                held = table.transaction_version(app_id) if table else None
+                return _later(held, self._progress_elsewhere(topic, app_id))
             except Exception:
                 self._forget(uri)
                 raise
+
+    def uri_for(self, topic: str) -> str:
+        """The Delta table this target writes a topic's files into."""
+        return self.settings.uri_for(topic)
+
+    def _progress_elsewhere(self, topic: str, app_id: str) -> int | None:
+        """A partition's progress held by another table that counts as this one's (the change log's keyed table)."""
+        return None
 
     def describe_request(self, path: pathlib.Path, metadata: FileMetadata) -> dict[str, Any]:
         """What upload() would do; for a --dry-run that touches no table."""
@@ -263,12 +273,16 @@ class DeltaTarget:
             skipped: list[str] = []
             ends: dict[str, int] = {}  # app_id -> the first offset the table will not hold
             seen: dict[str, int | None] = {}  # app_id -> the table's progress these decisions were made on
+            elsewhere: dict[str, int | None] = {}
             for file in files:
                 metadata = file.metadata
                 app_id = self.settings.app_id(metadata.topic, metadata.partition)
                 if app_id not in seen:
                     seen[app_id] = table.transaction_version(app_id) if table is not None and not by_hand else None
-                done = ends.get(app_id, seen[app_id])  # an earlier file of this merge, else the table's progress
+                    if not by_hand:
+                        elsewhere[app_id] = self._progress_elsewhere(metadata.topic, app_id)
+                # An earlier file of this merge, else the table's progress.
+                done = ends.get(app_id, _later(seen[app_id], elsewhere.get(app_id)))
                 if done is not None and done > metadata.last_offset:
                     log.info("%s: %s skipped: the table already holds %s up to offset %d", what,
                              metadata.file_name(), app_id, done - 1)
@@ -289,7 +303,8 @@ class DeltaTarget:
             if not pieces:
                 return {"version": table.version(), "skipped": True, "skipped_files": skipped, "applied": []}
             if table is None:
-                table = self._create(uri, pieces[0].rows.drop_columns(list(pieces[0].bookkeeping)).schema)
+                table = self._create(uri, self._new_table_schema(
+                    pieces[0].rows.drop_columns(list(pieces[0].bookkeeping)).schema, pieces[0].metadata.topic))
             rows, bad = self._fitted(pieces, table, uri, files[0].path.parent, on_bad_values is not None)
             if bad and on_bad_values is not None:
                 on_bad_values(bad)
@@ -305,13 +320,8 @@ class DeltaTarget:
             )
             read_version = table.version()
             keys, order = pieces[0].metadata.primary_keys, pieces[0].metadata.order_column
-            if keys:
-                counts = self._merge(table, rows, keys, order, commit)  # needs `_FILE` for ties between files
+            counts = self._write(table, rows, keys, order, commit)
             rows = rows.drop_columns([_FILE])
-            if not keys:
-                write_deltalake(table, _in_small_batches(rows), mode="append", schema_mode="merge",
-                                commit_properties=commit)
-                counts = {"num_target_rows_inserted": rows.num_rows}
             if table.version() == read_version and ends:
                 # A merge that changes no row (every row older than the table's) commits nothing, not even
                 # its application transactions: the ranges are recorded by a commit of their own without
@@ -357,10 +367,20 @@ class DeltaTarget:
         rows = tagged[0] if len(tagged) == 1 else pa.concat_tables(unify(tagged))
         return _with_every_column(rows, pa.schema(table.schema().to_arrow())), [b for _, _, bad in fitted for b in bad]
 
+    def _write(self, table: DeltaTable, rows: pa.Table, keys: Sequence[str], order: str | None,
+               commit: CommitProperties, pin: str | None = None) -> dict[str, Any]:
+        """Commit the rows (tagged `_FILE`): merged on the keys, appended without keys. `pin`: a predicate on the
+        table's partition columns the merge is confined to, so it rewrites only those files."""
+        if keys:
+            return self._merge(table, rows, keys, order, commit, pin)
+        write_deltalake(table, _in_small_batches(rows.drop_columns([_FILE])), mode="append", schema_mode="merge",
+                        commit_properties=commit)
+        return {"num_target_rows_inserted": rows.num_rows}
+
     def _merge(self, table: DeltaTable, rows: pa.Table, keys: Sequence[str], order: str | None,
-               commit: CommitProperties) -> dict[str, Any]:
+               commit: CommitProperties, pin: str | None = None) -> dict[str, Any]:
         rows = _in_small_batches(latest_per_key(rows, keys, order, file_column=_FILE).drop_columns([_FILE]))
-        on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in keys)
+        on = " AND ".join([*([pin] if pin else []), *(f"t.{_q(k)} = s.{_q(k)}" for k in keys)])
         newer = f"(t.{_q(order)} IS NULL OR s.{_q(order)} > t.{_q(order)})" if order else None
         merger = table.merge(rows, predicate=on, source_alias="s", target_alias="t", merge_schema=True,
                              commit_properties=commit)
@@ -390,18 +410,26 @@ class DeltaTarget:
         self._tables[uri] = (table, tuple(sorted(options.items())))
         return table
 
+    def _new_table_schema(self, rows: pa.Schema, topic: str) -> pa.Schema:
+        """The schema a table this target creates gets, from the first rows it writes."""
+        return rows
+
+    def _partition_by(self) -> tuple[str, ...]:
+        return self.settings.table_partition_by()
+
     def _create(self, uri: str, schema: pa.Schema) -> DeltaTable:
         """Created from the first file's schema; `ignore`: another writer may create it at the same time."""
         options = storage_options(self.settings)
-        missing = [c for c in self.settings.partition_by if c not in schema.names]
+        partition_by = list(self._partition_by())
+        missing = [c for c in partition_by if c not in schema.names]
         if missing:
             raise FatalUploadError(
                 f"cannot create the Delta table {uri}: partition column(s) {', '.join(missing)} are not among "
                 f"the file's columns ({', '.join(schema.names)}). Check SINK_DELTA_PARTITION_BY.",
                 reason="delta_partition_by", setting="SINK_DELTA_PARTITION_BY")
-        DeltaTable.create(uri, schema, mode="ignore", partition_by=list(self.settings.partition_by) or None,
+        DeltaTable.create(uri, schema, mode="ignore", partition_by=partition_by or None,
                           storage_options=options or None)
-        log.info("created the Delta table %s (partitioned by %s)", uri, list(self.settings.partition_by) or "nothing")
+        log.info("created the Delta table %s (partitioned by %s)", uri, partition_by or "nothing")
         table = DeltaTable(uri, storage_options=options or None)
         self._tables[uri] = (table, tuple(sorted(options.items())))
         return table
@@ -688,6 +716,10 @@ def _lossless(column: pa.ChunkedArray, wanted: pa.DataType, convert: Any) -> pa.
             pass
     return convert(array, wanted)
 
+
+
+def _later(a: int | None, b: int | None) -> int | None:
+    return a if b is None else b if a is None else max(a, b)
 
 
 def _require_key_columns(rows: pa.Table, metadata: FileMetadata, uri: str) -> None:

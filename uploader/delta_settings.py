@@ -17,6 +17,14 @@ COMPACT_SETTING = "SINK_DELTA_COMPACT_EVERY_COMMITS"
 VACUUM_EVERY_SETTING = "SINK_DELTA_VACUUM_EVERY_COMMITS"
 VACUUM_RETENTION_SETTING = "SINK_DELTA_VACUUM_RETENTION_HOURS"
 WIDEN_TO_STRING_SETTING = "SINK_DELTA_WIDEN_TO_STRING"
+CHANGE_LOG_SETTING = "SINK_DELTA_CHANGE_LOG"
+BUCKETS_SETTING = "SINK_DELTA_BUCKETS"
+COMPACT_AT_SETTING = "SINK_DELTA_COMPACT_AT_CHANGES_RATIO"
+COMPACT_MAX_INTERVAL_SETTING = "SINK_DELTA_COMPACT_MAX_INTERVAL_S"
+# The change log of a table (change-log mode) is a second Delta table beside it, never inside it: a vacuum of
+# the keyed table deletes files under its directory that its log does not reference.
+CHANGES_SUFFIX = "__changes"
+BUCKET = "_bucket"  # change-log mode: the hash bucket of a row's primary key, both tables' partition column
 # Files a vacuum deletes were removed from the table at least this long ago: a reader (a query, a
 # streaming reader of the table) that still holds an older snapshot keeps working for that long.
 VACUUM_RETENTION_FLOOR_HOURS = 24
@@ -45,6 +53,12 @@ class DeltaSettings:
     vacuum_every_commits: int = 1000
     vacuum_retention_hours: int = 168
     widen_to_string: bool = False  # a number or bool column may become a string column (rewrites the table)
+    # Change-log mode (uploader.delta_changes): batches append to `<table>__changes`; the keyed table, partitioned by
+    # `_bucket`, takes them in per-bucket compactions once the change log holds `compact_at_ratio` of its bytes.
+    change_log: bool = False
+    buckets: int = 16
+    compact_at_ratio: float = 0.25
+    compact_max_interval_s: float = 600.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def __post_init__(self) -> None:
@@ -61,9 +75,28 @@ class DeltaSettings:
                             (VACUUM_RETENTION_SETTING, self.vacuum_retention_hours)):
             if value < 0:
                 raise ValueError(f"{name} must be 0 (off) or positive, not {value}")
+        if not 1 <= self.buckets <= 1024:
+            raise ValueError(f"{BUCKETS_SETTING} must be between 1 and 1024, not {self.buckets}")
+        if not 0 < self.compact_at_ratio <= 100:
+            raise ValueError(f"{COMPACT_AT_SETTING} must be above 0 and at most 100, not {self.compact_at_ratio}")
+        if self.compact_max_interval_s <= 0:
+            raise ValueError(f"{COMPACT_MAX_INTERVAL_SETTING} must be positive, not {self.compact_max_interval_s}")
 
     def uri_for(self, topic: str) -> str:
         return self.table_uri.replace("{topic}", topic)
+
+    def changes_uri_for(self, topic: str) -> str:
+        """The change log beside the table (change-log mode)."""
+        return self.uri_for(topic).rstrip("/") + CHANGES_SUFFIX
+
+    def table_partition_by(self) -> tuple[str, ...]:
+        """The partition columns of a keyed table this target creates: `_bucket` last in change-log mode, so a
+        compaction's merge is pinned to one bucket and rewrites only its files."""
+        return (*self.partition_by, BUCKET) if self.change_log else self.partition_by
+
+    def compaction_app_id(self, bucket: int) -> str:
+        """The keyed table's application transaction for a bucket: the change-log version compacted into it."""
+        return f"{APP_ID_PREFIX}/{self.group_id}/compacted-changes/{bucket}"
 
     def app_id(self, topic: str, partition: int) -> str:
         """One id per group and topic-partition: two groups feeding one table never mask each other."""

@@ -1,0 +1,196 @@
+"""Change-log mode: what a reader sees through the view equals each key's latest record, field by field, however
+the files are batched and whenever compactions run; after a compaction the keyed table alone does too.
+
+The scenarios are the merge mode's (test_delta_exact_rows): fields new inside objects, cleared fields, soft and
+hard deletes. Compactions run after every append, only at the end, or never (the view alone), and a compaction
+interrupted between its commit and its clean-up (the change log keeps applied rows) changes nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from tests.component.uploader.test_delta_exact_rows import (
+    BATCHINGS,
+    CLEARED,
+    CUSTOMER_GROWS,
+    FAST,
+    LIST_OF_STRUCTS_GROWS,
+    SOFT_DELETES,
+    TOPIC,
+    _expected,
+    _files,
+    _without_nulls,
+)
+from uploader.delta import DeltaFile
+from uploader.delta_changes import CHANGE_VERSION, ChangeLogTarget, buckets_of
+from uploader.delta_compaction import Compaction
+from uploader.delta_settings import BUCKET, DeltaSettings
+from uploader.delta_view import current_rows
+
+COMPACTIONS = ("after each append", "at the end", "never")
+APP_ID = f"kafka-parquet-sink/g/{TOPIC}/0"
+
+
+def _settings(tmp: Path, **overrides: Any) -> DeltaSettings:
+    return DeltaSettings(**{"table_uri": str(tmp / "table"), "group_id": "g", "retry": FAST, "change_log": True,
+                            "buckets": 4, **overrides})
+
+
+def _run(tmp: Path, files: list[DeltaFile], batching: str, compactions: str, **overrides: Any) -> DeltaSettings:
+    settings = _settings(tmp, **overrides)
+    target, compaction = ChangeLogTarget(settings), Compaction(settings, tmp / "scratch")
+    keys, order = files[0].metadata.primary_keys, files[0].metadata.order_column
+    for group in BATCHINGS[batching](len(files)):
+        target.merge([files[i] for i in group])
+        if compactions == "after each append":
+            compaction.compact(TOPIC, keys, order)
+    if compactions == "at the end":
+        compaction.compact(TOPIC, keys, order)
+    return settings
+
+
+def _rows(table: pa.Table) -> dict[int, dict]:
+    return {r["id"]: _without_nulls({k: v for k, v in r.items() if k != BUCKET}) for r in table.to_pylist()}
+
+
+def _view(settings: DeltaSettings, order: str = "_offset") -> dict[int, dict]:
+    return _rows(current_rows(settings, TOPIC, ("id",), order))
+
+
+PHASES = [*CUSTOMER_GROWS, *SOFT_DELETES, *CLEARED, *LIST_OF_STRUCTS_GROWS]
+
+
+@pytest.mark.parametrize("compactions", COMPACTIONS)
+@pytest.mark.parametrize("batching", list(BATCHINGS))
+def test_the_view_equals_each_keys_latest_record_whenever_compactions_run(tmp_path: Path, batching: str,
+                                                                          compactions: str) -> None:
+    settings = _run(tmp_path, _files(tmp_path, PHASES), batching, compactions)
+    assert _view(settings) == _expected(PHASES)
+    if compactions != "never":
+        assert _rows(DeltaTable(settings.uri_for(TOPIC)).to_pyarrow_table()) == _expected(PHASES)
+        assert DeltaTable(settings.changes_uri_for(TOPIC)).to_pyarrow_table().num_rows == 0, "applied rows deleted"
+
+
+@pytest.mark.parametrize("compactions", COMPACTIONS)
+def test_hard_deletes_through_the_change_log(tmp_path: Path, compactions: str) -> None:
+    phases = [[(1, {"amount": 1}), (2, {"amount": 2})], [(1, None)], [(1, {"amount": 3}), (2, None)], [(3, None)]]
+    settings = _run(tmp_path, _files(tmp_path, phases), "each file alone", compactions, hard_deletes=True)
+    expected = {k: v for k, v in _expected(phases).items() if not v["_deleted"]}
+    assert _view(settings) == expected
+    if compactions != "never":
+        assert _rows(DeltaTable(settings.uri_for(TOPIC)).to_pyarrow_table()) == expected
+
+
+def test_the_order_column_rule_holds_across_the_change_log_and_the_keyed_table(tmp_path: Path) -> None:
+    """A row older by the order column than the key's row, in the keyed table or earlier in the change log, never
+    wins: in the view, and in the table after a compaction."""
+    settings = _settings(tmp_path)
+    target, compaction = ChangeLogTarget(settings), Compaction(settings, tmp_path / "scratch")
+    newer = _files(tmp_path / "a", [[(1, {"version": 5, "amount": 50}), (2, {"version": 5, "amount": 50})]],
+                   bookkeeping=True)
+    target.merge(newer)
+    compaction.compact(TOPIC, ("id",), "version")
+    older = _files(tmp_path / "b", [[(1, {"version": 3, "amount": 30}), (3, {"version": 1, "amount": 10})]],
+                   bookkeeping=True, start=2)
+    target.merge(older)
+    view = _view(settings, order="version")
+    assert view[1]["amount"] == 50 and view[2]["amount"] == 50 and view[3]["amount"] == 10
+    compaction.compact(TOPIC, ("id",), "version")
+    table = _rows(DeltaTable(settings.uri_for(TOPIC)).to_pyarrow_table())
+    assert {k: v["amount"] for k, v in table.items()} == {1: 50, 2: 50, 3: 10}
+
+
+def test_a_replay_is_never_appended_twice_and_resumes_from_the_change_logs_transactions(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    target = ChangeLogTarget(settings)
+    files = _files(tmp_path, [[(k, {"amount": k}) for k in range(4)], [(k, {"amount": 10 + k}) for k in range(2)]])
+    target.merge(files)
+    assert target.covered_to(TOPIC, 0) == 6
+    details, _ = ChangeLogTarget(settings).merge(files)  # the replay after a crash before the Kafka commit
+    assert details["skipped"] and len(details["skipped_files"]) == 2
+    assert DeltaTable(settings.changes_uri_for(TOPIC)).to_pyarrow_table().num_rows == 4, "the latest row per key"
+    assert DeltaTable(settings.changes_uri_for(TOPIC)).transaction_version(APP_ID) == 6
+
+
+def test_a_keyed_table_written_in_merge_mode_keeps_its_progress_when_the_change_log_starts(tmp_path: Path) -> None:
+    from uploader.delta import DeltaTarget
+
+    merged = _settings(tmp_path, change_log=False)
+    files = _files(tmp_path, [[(k, {"amount": k}) for k in range(4)], [(1, {"amount": 11})]])
+    DeltaTarget(merged).merge(files[:1])
+    settings = _settings(tmp_path)
+    target = ChangeLogTarget(settings)
+    assert target.covered_to(TOPIC, 0) == 4
+    details, _ = target.merge(files)
+    assert [a["file"] for a in details["applied"]] == [files[1].metadata.file_name()], "the first file is held"
+    assert _view(settings) == _expected([[(k, {"amount": k}) for k in range(4)], [(1, {"amount": 11})]])
+
+
+def test_a_compaction_cut_between_its_commit_and_its_clean_up_applies_nothing_twice(tmp_path: Path) -> None:
+    """The keyed table's per-bucket transaction says what it holds: the view skips those change-log rows, and the
+    next compaction neither re-applies them (a hard-deleted key would come back) nor loses later ones."""
+    settings = _settings(tmp_path, hard_deletes=True)
+    target, compaction = ChangeLogTarget(settings), Compaction(settings, tmp_path / "scratch")
+    phases = [[(1, {"amount": 1}), (2, {"amount": 2})], [(1, None)]]
+    files = _files(tmp_path, phases)
+    target.merge(files[:1])
+    compaction._delete_applied = lambda *_: None  # type: ignore[method-assign]  # the crash: no clean-up
+    compaction.compact(TOPIC, ("id",), "_offset")
+    target.merge(files[1:])
+    assert DeltaTable(settings.changes_uri_for(TOPIC)).to_pyarrow_table().num_rows == 3, "applied rows still there"
+    expected = {k: v for k, v in _expected(phases).items() if not v["_deleted"]}
+    assert _view(settings) == expected
+    Compaction(settings, tmp_path / "scratch").compact(TOPIC, ("id",), "_offset")
+    assert _rows(DeltaTable(settings.uri_for(TOPIC)).to_pyarrow_table()) == expected
+    assert DeltaTable(settings.changes_uri_for(TOPIC)).to_pyarrow_table().num_rows == 0
+
+
+def test_a_compaction_rewrites_only_the_buckets_it_applies(tmp_path: Path) -> None:
+    """Pinned to one bucket per merge: files of a bucket without changes are never rewritten."""
+    settings = _settings(tmp_path)
+    target, compaction = ChangeLogTarget(settings), Compaction(settings, tmp_path / "scratch")
+    target.merge(_files(tmp_path / "a", [[(k, {"amount": k}) for k in range(200)]]))
+    compaction.compact(TOPIC, ("id",), "_offset")
+    keyed = DeltaTable(settings.uri_for(TOPIC))
+    before = set(keyed.file_uris())
+    one_key = pa.table({"id": [7]})
+    bucket = buckets_of(one_key, ("id",), settings.buckets)[0].as_py()
+    target.merge(_files(tmp_path / "b", [[(7, {"amount": 70})]], start=200))
+    result = compaction.compact(TOPIC, ("id",), "_offset")
+    keyed.update_incremental()
+    after = set(keyed.file_uris())
+    assert result["buckets"] == 1
+    assert all(f"{BUCKET}={bucket}" in uri for uri in before - after), "only the changed bucket's files replaced"
+    assert len(before - after) >= 1 and len(before & after) >= 1
+    assert _rows(keyed.to_pyarrow_table())[7]["amount"] == 70
+
+
+def test_buckets_are_stable_and_key_text_makes_an_int_and_its_digits_alike() -> None:
+    ints = buckets_of(pa.table({"id": [1, 2, 3, 1_000_000]}), ("id",), 16).to_pylist()
+    texts = buckets_of(pa.table({"id": ["1", "2", "3", "1000000"]}), ("id",), 16).to_pylist()
+    assert ints == texts
+    assert ints == [zlib_bucket(v, 16) for v in ("1", "2", "3", "1000000")]
+
+
+def zlib_bucket(text: str, buckets: int) -> int:
+    import zlib
+
+    return zlib.crc32(text.encode()) % buckets
+
+
+def test_change_rows_carry_their_change_log_version(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    target = ChangeLogTarget(settings)
+    target.merge(_files(tmp_path / "a", [[(1, {"amount": 1})]]))
+    target.merge(_files(tmp_path / "b", [[(2, {"amount": 2})]], start=1))
+    changes = DeltaTable(settings.changes_uri_for(TOPIC))
+    rows = sorted(changes.to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    versions = [r[CHANGE_VERSION] for r in rows]
+    assert versions[0] < versions[1] <= changes.version()
+    assert changes.metadata().partition_columns == [BUCKET]

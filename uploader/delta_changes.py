@@ -1,0 +1,105 @@
+"""Change-log mode of the Delta target: each micro-batch appends to a change log; the keyed table follows later.
+
+A merge into a large keyed table rewrites every file holding one of its keys (delta-rs merges are
+copy-on-write), so with updates spread over the keys each micro-batch rewrote the whole table: the bytes
+written grew with the table, not with the updates (bench/README.md, *Delta tables of 10M keys*). In this mode
+(`SINK_DELTA_CHANGE_LOG=true`):
+
+- a micro-batch's rows, the latest per key, are APPENDED to a second Delta table beside the keyed one,
+  `<table>__changes`, partitioned by `_bucket` (a hash of the primary key) and stamped `_change_version`, the
+  change log's version of that commit. The commit carries every partition's application transaction, as a
+  merge does, so a replay is never appended twice and the Kafka commit follows it;
+- the keyed table (partitioned by `_bucket`) takes the change log in per-bucket compactions
+  (uploader.delta_compaction) once the change log holds a share of its bytes, each a merge pinned to one
+  bucket that records the change-log version it applied as the bucket's application transaction;
+- a reader sees every record at once through the view (uploader.delta_view): the keyed table and the change
+  log, the latest row per key under the order-column rule.
+
+Everything else is the merge mode's: types fitted to the change log's (which starts from the keyed table's),
+widening, bad values, exactly-once checks, conflicts retried.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+
+from uploader.delta import _FILE, DeltaTarget, _in_small_batches, latest_per_key
+from uploader.delta_settings import BUCKET, DeltaSettings
+
+CHANGE_VERSION = "_change_version"  # the change log's version that appended the row: later wins on a tie
+_KEY_SEPARATOR = "\x1f"
+
+
+def key_text(rows: pa.Table, keys: Sequence[str]) -> pa.ChunkedArray | pa.Array:
+    """Each row's primary key as one text (parts joined by U+001F): a key column the decode lattice widened (an
+    int key now read as text) keeps its text, `7` and `"7"` alike."""
+    texts = [pc.fill_null(pc.cast(rows[k], pa.string()), "") for k in keys]
+    return texts[0] if len(texts) == 1 else pc.binary_join_element_wise(*texts, _KEY_SEPARATOR)
+
+
+def buckets_of(rows: pa.Table, keys: Sequence[str], buckets: int) -> pa.Array:
+    """Each row's bucket: CRC-32 of its key's text modulo `buckets`; stable across processes and versions,
+    unlike Python's `hash`."""
+    if not keys:
+        return pa.repeat(pa.scalar(0, pa.int32()), rows.num_rows)
+    return pa.array([zlib.crc32(v.encode()) % buckets for v in key_text(rows, keys).to_pylist()], pa.int32())
+
+
+def pending(changes: DeltaTable, applied: Mapping[int, int | None]) -> pa.Table:
+    """The change log's rows of the buckets `applied` names, above each one's compacted version (None: all)."""
+    condition = None
+    for bucket, version in applied.items():
+        clause = ds.field(BUCKET) == bucket
+        if version is not None:
+            clause = clause & (ds.field(CHANGE_VERSION) > version)
+        condition = clause if condition is None else condition | clause
+    return changes.to_pyarrow_dataset().to_table(filter=condition)
+
+
+class ChangeLogTarget(DeltaTarget):
+    """Appends each merge's rows (the latest per key) to the change log, exactly once per partition range."""
+
+    def __init__(self, settings: DeltaSettings) -> None:
+        super().__init__(settings)
+        self._keyed = DeltaTarget(settings)  # the keyed table: its progress counts (a table written in merge mode)
+
+    def uri_for(self, topic: str) -> str:
+        return self.settings.changes_uri_for(topic)
+
+    def _progress_elsewhere(self, topic: str, app_id: str) -> int | None:
+        """A keyed table written in merge mode before holds its partitions' progress itself."""
+        table = self._keyed._open(self.settings.uri_for(topic))
+        return table.transaction_version(app_id) if table is not None else None
+
+    def _new_table_schema(self, rows: pa.Schema, topic: str) -> pa.Schema:
+        """The keyed table's columns when it exists (so the change log's types are never narrower), else the
+        first rows'; and the bucket and version columns."""
+        keyed = self._keyed._open(self.settings.uri_for(topic))
+        schema = pa.schema(keyed.schema().to_arrow()) if keyed is not None else rows
+        for name, type_ in ((BUCKET, pa.int32()), (CHANGE_VERSION, pa.int64())):
+            if name not in schema.names:
+                schema = schema.append(pa.field(name, type_))
+        return schema
+
+    def _partition_by(self) -> tuple[str, ...]:
+        return (BUCKET,)
+
+    def _write(self, table: DeltaTable, rows: pa.Table, keys: Sequence[str], order: str | None,
+               commit: CommitProperties, pin: str | None = None) -> dict[str, Any]:
+        if keys:
+            rows = latest_per_key(rows, keys, order, file_column=_FILE)
+        rows = rows.drop_columns([_FILE])
+        # max_commit_retries=0: the commit is the next version or none, so the stamp is its version.
+        stamped = {BUCKET: buckets_of(rows, keys, self.settings.buckets),
+                   CHANGE_VERSION: pa.repeat(pa.scalar(table.version() + 1, pa.int64()), rows.num_rows)}
+        for name, values in stamped.items():
+            rows = rows.set_column(rows.schema.get_field_index(name), name, values)
+        write_deltalake(table, _in_small_batches(rows), mode="append", schema_mode="merge", commit_properties=commit)
+        return {"num_target_rows_inserted": rows.num_rows}

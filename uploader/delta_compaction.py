@@ -1,0 +1,209 @@
+"""Compaction of a change log into its keyed Delta table, bucket by bucket (change-log mode, uploader.delta_changes).
+
+Why it keeps the bytes written near the updates': a compaction rewrites the keyed table's files (copy-on-write),
+so it runs only once the change log holds `compact_at_ratio` of the keyed table's bytes (or after
+`compact_max_interval_s`). The bytes written per update are then about 1 (the append) + 1 / ratio (the rewrite):
+5x at the default 0.25, whatever the table's size.
+
+One bucket at a time, each a merge pinned to its `_bucket` partition: it reads and rewrites only that bucket's
+files, its source is the bucket's changes (memory ~ the change log / buckets), and two writers compacting
+different buckets commit beside each other.
+
+Exactly once per bucket: the merge's commit carries the application transaction
+`kafka-parquet-sink/<group>/compacted-changes/<bucket>` = the change-log version it applied through, and is made
+with `max_commit_retries=0` after re-reading that transaction; a rival's compaction in between fails it and the
+retry starts from the rival's progress. Rows of a bucket at or below its transaction are then deleted from the
+change log (by predicate, whole files: nothing rewritten). A crash between the two leaves rows the view and the
+next compaction both skip, since the transaction says they are applied.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+
+from uploader.delta import _FILE, CONFLICT, DeltaTarget, _Piece, _with_every_column, classify_error
+from uploader.delta_changes import CHANGE_VERSION, pending
+from uploader.delta_maintenance import maintain
+from uploader.delta_settings import BUCKET, DeltaSettings
+from uploader.delta_storage import storage_options
+from uploader.errors import RetryableUploadError, UploadError
+from uploader.retry import OnRetry, call_with_retries
+from uploader.target import FileMetadata
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Bytes of the change log's files not yet compacted, and of the keyed table."""
+
+    changes: int
+    table: int
+
+
+class Compaction:
+    """Compacts one topic's change log into its keyed table; one instance per driver, called from one thread."""
+
+    def __init__(self, settings: DeltaSettings, scratch: pathlib.Path) -> None:
+        self.settings = settings
+        self.keyed = DeltaTarget(settings)
+        self.scratch = scratch
+        self._last: dict[str, float] = {}  # uri -> when its last compaction ended (monotonic)
+
+    def sizes(self, topic: str) -> Sizes | None:
+        """None when there is no change log yet."""
+        changes = self._changes(topic)
+        if changes is None:
+            return None
+        keyed = self.keyed._open(self.settings.uri_for(topic))
+        return Sizes(_bytes(changes), _bytes(keyed) if keyed is not None else 0)
+
+    def due(self, topic: str, now: float | None = None) -> bool:
+        """The change log holds `compact_at_ratio` of the keyed table's bytes, or the last compaction is
+        `compact_max_interval_s` old and there are changes."""
+        sizes = self.sizes(topic)
+        if sizes is None or sizes.changes == 0:
+            return False
+        now = time.monotonic() if now is None else now
+        last = self._last.setdefault(self.settings.uri_for(topic), now)
+        return (sizes.changes >= self.settings.compact_at_ratio * sizes.table
+                or now - last >= self.settings.compact_max_interval_s)
+
+    def compact(self, topic: str, keys: Sequence[str], order: str | None,
+                on_retry: OnRetry | None = None) -> dict[str, Any]:
+        """Apply the change log, as of its newest version, to the keyed table bucket by bucket; delete what is
+        applied from the change log. Returns counts; raises what a merge would (RetryableUploadError, ...)."""
+        uri = self.settings.uri_for(topic)
+        started = time.monotonic()
+        changes = self._changes(topic)
+        if changes is None:
+            return {"buckets": 0}
+        totals: dict[str, Any] = {"buckets": 0, "rows": 0, "version": changes.version()}
+        keyed = self.keyed._open(uri)
+        pinned = keyed is None or BUCKET in keyed.metadata().partition_columns
+        groups = [[b] for b in range(self.settings.buckets)] if pinned else [list(range(self.settings.buckets))]
+        for buckets in groups:
+            counts, _ = call_with_retries(lambda _attempt, b=buckets: self._compact(changes, topic, b, keys, order),
+                                          self.settings.retry, on_retry)
+            if counts:
+                totals["buckets"] += len(buckets)
+                totals["rows"] += counts.get("rows", 0)
+                for name, value in counts.items():
+                    if name.startswith("num_"):
+                        totals[name] = totals.get(name, 0) + value
+        self._delete_applied(changes, uri)
+        self._last[uri] = time.monotonic()
+        totals["duration_s"] = round(time.monotonic() - started, 3)
+        return totals
+
+    def _changes(self, topic: str) -> DeltaTable | None:
+        """A snapshot of the change log of its own: a compaction works on one version while batches append."""
+        try:
+            return DeltaTable(self.settings.changes_uri_for(topic),
+                              storage_options=storage_options(self.settings) or None)
+        except TableNotFoundError:
+            return None
+
+    def _compact(self, changes: DeltaTable, topic: str, buckets: list[int], keys: Sequence[str],
+                 order: str | None) -> dict[str, Any]:
+        uri = self.settings.uri_for(topic)
+        keyed = self.keyed._open(uri)
+        try:
+            done = {b: _applied(keyed, self.settings.compaction_app_id(b)) for b in buckets}
+            rows = pending(changes, done)
+            if rows.num_rows == 0:
+                return {}
+            if keyed is None:
+                keyed = self.keyed._create(uri, pa.schema(changes.schema().to_arrow()).remove(
+                    pa.schema(changes.schema().to_arrow()).get_field_index(CHANGE_VERSION)))
+            rows = self._fitted(rows, keyed, topic, buckets, keys, order, changes.version())
+            seen = {b: _applied(keyed, self.settings.compaction_app_id(b)) for b in buckets}
+            if seen != done:
+                raise RetryableUploadError(f"compaction of {uri}: another writer compacted buckets {buckets} meanwhile",
+                                           reason=CONFLICT)
+            commit = CommitProperties(
+                app_transactions=[Transaction(self.settings.compaction_app_id(b), changes.version()) for b in buckets],
+                max_commit_retries=0)
+            pin = f"t.`{BUCKET}` = {buckets[0]}" if len(buckets) == 1 else None
+            read_version = keyed.version()
+            counts = self.keyed._write(keyed, rows, keys, order, commit, pin)
+            if keyed.version() == read_version:  # no row changed: the progress is recorded all the same
+                write_deltalake(keyed, rows.drop_columns([_FILE]).slice(0, 0), mode="append", schema_mode="merge",
+                                commit_properties=commit)
+            keyed.update_incremental()
+            maintenance = maintain(keyed, self.settings, keyed.version())  # never raises
+            if maintenance:
+                counts = {**counts, "maintenance": maintenance}
+        except UploadError:
+            self.keyed._forget(uri)
+            raise
+        except Exception as exc:
+            self.keyed._forget(uri)
+            raise classify_error(exc, what=f"compaction of the change log into {uri} (buckets {buckets})",
+                                 files=[_describe(topic, buckets, changes.version(), keys, order)]) from exc
+        log.debug("compacted %s buckets %s through change-log version %d: %s", uri, buckets, changes.version(), counts)
+        return {"rows": rows.num_rows, **counts}
+
+    def _fitted(self, rows: pa.Table, keyed: DeltaTable, topic: str, buckets: list[int], keys: Sequence[str],
+                order: str | None, version: int) -> pa.Table:
+        """The changes in the keyed table's types (widened first where needed), tagged `_FILE` with their change-log
+        version in version order: a tie on the order column keeps the earlier version's row; without one, the last."""
+        rows = rows.take(pc.sort_indices(rows, [(CHANGE_VERSION, "ascending")]))
+        versions = rows[CHANGE_VERSION]
+        metadata = _describe(topic, buckets, version, keys, order)
+        piece = _Piece(metadata, rows.drop_columns([CHANGE_VERSION]), "", 0)
+        uri = self.settings.uri_for(topic)
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        fitted, wider, _ = self.keyed._fit(piece, keyed, uri, tolerate=False)
+        if wider:
+            with tempfile.TemporaryDirectory(dir=self.scratch) as tmp:
+                keyed = self.keyed._widen(keyed, wider, metadata, uri, pathlib.Path(tmp))
+            fitted, wider, _ = self.keyed._fit(piece, keyed, uri, tolerate=False)
+            if wider:
+                raise RetryableUploadError(f"compaction into {uri}: the table's schema changed meanwhile",
+                                           reason=CONFLICT)
+        fitted = fitted.append_column(_FILE, versions.cast(pa.int32()))
+        return _with_every_column(fitted, pa.schema(keyed.schema().to_arrow()))
+
+    def _delete_applied(self, changes: DeltaTable, uri: str) -> None:
+        """Delete from the change log the rows each bucket's transaction says the keyed table holds."""
+        keyed = self.keyed._open(uri)
+        if keyed is None:
+            return
+        done = {b: _applied(keyed, self.settings.compaction_app_id(b)) for b in range(self.settings.buckets)}
+        clauses = [f"(`{BUCKET}` = {b} AND `{CHANGE_VERSION}` <= {v})" for b, v in done.items() if v is not None]
+        if not clauses:
+            return
+        try:
+            changes.update_incremental()
+            changes.delete(" OR ".join(clauses), commit_properties=CommitProperties(max_commit_retries=5))
+        except Exception as exc:  # never fails the compaction: the view and the next one skip applied rows
+            log.warning("could not delete compacted rows from the change log of %s (the next compaction "
+                        "will): %s", uri, exc)
+
+
+def _applied(table: DeltaTable | None, app_id: str) -> int | None:
+    return table.transaction_version(app_id) if table is not None else None
+
+
+def _bytes(table: DeltaTable) -> int:
+    actions = table.get_add_actions(flatten=True)
+    return int(pc.sum(actions.column("size_bytes")).as_py() or 0) if actions.num_rows else 0
+
+
+def _describe(topic: str, buckets: list[int], version: int, keys: Sequence[str], order: str | None) -> FileMetadata:
+    """For messages naming what a compaction applied: the change log's buckets through a version."""
+    return FileMetadata(topic=topic, partition=buckets[0] if len(buckets) == 1 else -1, first_offset=0,
+                        last_offset=version, record_count=0, target_table="", primary_keys=tuple(keys),
+                        order_column=order, schema_fingerprint=f"changes-buckets-{buckets[0]}-{buckets[-1]}")
