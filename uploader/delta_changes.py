@@ -103,3 +103,8 @@ class ChangeLogTarget(DeltaTarget):
             rows = rows.set_column(rows.schema.get_field_index(name), name, values)
         write_deltalake(table, _in_small_batches(rows), mode="append", schema_mode="merge", commit_properties=commit)
         return {"num_target_rows_inserted": rows.num_rows}
+
+
+def delta_target(settings: DeltaSettings) -> DeltaTarget:
+    """The target the settings ask for: the change log in change-log mode, else the keyed table itself."""
+    return ChangeLogTarget(settings) if settings.change_log else DeltaTarget(settings)

@@ -356,7 +356,7 @@ class KafkaProbes:
         if self.config.target != "delta" or not tps:
             return {}, ""
         from sink_service.config.upload_targets import target_settings
-        from uploader.delta import DeltaTarget
+        from uploader.delta_changes import delta_target
         from uploader.parking import ParkingSettings
 
         settings = target_settings(self.config)
@@ -364,7 +364,7 @@ class KafkaProbes:
             settings = settings.inner
         found: dict[tuple[str, int], int] = {}
         try:
-            with DeltaTarget(settings) as table:
+            with delta_target(settings) as table:
                 for topic, partition in tps:
                     position = table.covered_to(topic, partition)
                     if position is not None:

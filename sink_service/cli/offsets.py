@@ -169,13 +169,13 @@ def _refuse_below_delta_table(config: SinkConfig, plan: Mapping[TP, int]) -> Non
     """A Delta table skips every file below its application transaction for the group: a move back
     below it would be reported as a replay that never happens (the rows stay as they are)."""
     from sink_service.config.upload_targets import target_settings
-    from uploader.delta import DeltaTarget
+    from uploader.delta_changes import delta_target
     from uploader.parking import ParkingSettings
 
     settings = target_settings(config)
     if isinstance(settings, ParkingSettings):
         settings = settings.inner
-    with DeltaTarget(settings) as table:
+    with delta_target(settings) as table:
         below = []
         for (topic, partition), offset in sorted(plan.items()):
             try:

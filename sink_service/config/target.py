@@ -118,6 +118,29 @@ class TargetSettings:
         "(`SINK_REJECTED_FILE_POLICY`), because one stray value would make the column text for good. Numeric "
         "widenings (a double for a long column) always rewrite the table; narrower files are cast up.",
         False, group="Target")
+    delta_change_log: bool = setting(
+        "SINK_DELTA_CHANGE_LOG", "Change-log mode, for tables of millions of keys: each micro-batch APPENDS its "
+        "latest row per key to a second Delta table beside the keyed one, `<SINK_DELTA_TABLE_URI>__changes`, "
+        "partitioned by `_bucket` (a hash of the primary key) and stamped `_change_version`; the keyed table "
+        "(partitioned by `_bucket` when the service creates it) takes those changes in per-bucket compactions "
+        "run by the driver in the background. The bytes written then follow the updates, not the table "
+        "(a merge rewrites every file holding one of its keys). A reader sees every record at once through the "
+        "view of both tables (README, *Delta Lake target*); the keyed table alone is as fresh as its last "
+        "compaction. Off: each micro-batch merges into the keyed table itself.", False, group="Target")
+    delta_buckets: int = setting(
+        "SINK_DELTA_BUCKETS", "Change-log mode: hash buckets of the primary key, the `_bucket` partitions of "
+        "both tables. A compaction merges one bucket at a time, so its memory and its rewrite are a bucket's; "
+        "about one bucket per million keys. Fixed for a table's life: a new value needs a new table.", 16,
+        minimum=1, group="Target")
+    delta_compact_at_changes_percent: int = setting(
+        "SINK_DELTA_COMPACT_AT_CHANGES_PERCENT", "Change-log mode: compact once the change log's files hold this "
+        "share of the keyed table's bytes. Each compaction rewrites the keyed table, so bytes written per hour "
+        "are about the updates' bytes x (1 + 100 / this): 5x at 25. Lower keeps the keyed table fresher and "
+        "writes more.", 25, minimum=1, group="Target")
+    delta_compact_max_interval_s: int = setting(
+        "SINK_DELTA_COMPACT_MAX_INTERVAL_S", "Change-log mode: compact at least this often while there are "
+        "changes, however small the change log: the keyed table alone is never older than this plus one "
+        "compaction.", 600, minimum=1, group="Target")
     rejected_file_policy: str = setting(
         "SINK_REJECTED_FILE_POLICY", "A file the endpoint rejects as bad content (EMS: HTTP 400 or 413; S3: "
         "`EntityTooLarge`; Delta: a column type the table cannot take): `fail` stops the service with exit 3; "

@@ -76,7 +76,9 @@ def _plain_settings(config: SinkConfig) -> EmsSettings | S3Settings | DirectoryS
             compact_every_commits=config.delta_compact_every_commits,
             vacuum_every_commits=config.delta_vacuum_every_commits,
             vacuum_retention_hours=config.delta_vacuum_retention_hours,
-            widen_to_string=config.delta_widen_to_string, retry=retry)
+            widen_to_string=config.delta_widen_to_string, change_log=config.delta_change_log,
+            buckets=config.delta_buckets, compact_at_ratio=config.delta_compact_at_changes_percent / 100,
+            compact_max_interval_s=config.delta_compact_max_interval_s, retry=retry)
     if config.target != "ems":
         raise ValueError(f"unknown SINK_TARGET {config.target!r}")
     return EmsSettings(
@@ -109,7 +111,7 @@ def build_target(settings: TargetSettings) -> UploadTarget:
     if isinstance(settings, DeltaStagingSettings):
         return DeltaStagingTarget(settings)
     if isinstance(settings, DeltaSettings):
-        from uploader.delta import DeltaTarget  # deltalake only for a Delta target
+        from uploader.delta_changes import delta_target  # deltalake only for a Delta target
 
-        return DeltaTarget(settings)
+        return delta_target(settings)
     raise TypeError(f"no upload target for {type(settings).__name__}")

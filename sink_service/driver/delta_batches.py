@@ -32,9 +32,11 @@ from pathlib import Path
 from typing import TypeVar
 
 from sink_service.driver.delta_bad_values import DeltaBadValues
+from sink_service.driver.delta_compactions import BackgroundCompactions
 from sink_service.driver.metrics import SinkMetrics
 from sink_service.driver.offset_commit import TP
-from uploader.delta import DeltaFile, DeltaRefusal, DeltaTarget
+from uploader.delta import DeltaFile, DeltaRefusal
+from uploader.delta_changes import delta_target
 from uploader.delta_settings import DeltaSettings
 from uploader.delta_slices import arrow_bytes, pieces
 from uploader.delta_staging import DeltaStagingSettings, DeltaStagingTarget, StagedFile
@@ -64,7 +66,7 @@ class DeltaBatches:
         """`parked`: where refused files go under SINK_REJECTED_FILE_POLICY=park; None under `fail`.
         `bad_values`: SINK_ERROR_POLICY for records a column cannot take; None refuses their whole file."""
         self.settings = settings
-        self.target = DeltaTarget(settings)
+        self.target = delta_target(settings)  # the change log in change-log mode
         self.staging = DeltaStagingTarget(DeltaStagingSettings(settings))
         self.parking = ParkingTarget(self.target, parked) if parked is not None else None
         self.scratch = scratch / "delta-merge"  # downloads of files staged on S3
@@ -73,6 +75,7 @@ class DeltaBatches:
         self.bad_values = bad_values
         self._leftovers: dict[TP, list[StagedFile]] = {}  # found at the query's start, not yet passed
         self._lock = threading.Lock()  # `clean` runs beside the batches (start_cleaning)
+        self.compactions = BackgroundCompactions(settings, scratch, metrics) if settings.change_log else None
 
     def merge(self, rows: Iterable, commits: dict[TP, int]) -> list[StagedUpload]:
         """Apply the staged files the new commit positions cover; the files, to delete after the Kafka commit.
@@ -81,6 +84,9 @@ class DeltaBatches:
         replay re-stages and the table's transactions skip what it holds) and FatalUploadError for what a
         person must fix, a refused file under the `fail` policy included."""
         staged = covered_uploads(rows, commits)
+        if self.compactions is not None:
+            self.compactions.check()
+            self.compactions.appended([upload.metadata for upload in staged])
         if self.bad_values is not None:
             self.bad_values.new_batch()
         for group in merge_groups(staged, self.settings, self.max_bytes):
@@ -105,6 +111,8 @@ class DeltaBatches:
             except Exception as exc:  # never fails a batch: the data is in the table and in Kafka's commit
                 log.warning("could not delete %d staged file(s) of topic %s (deleted at the next start): %s",
                             len(locations), topic, exc)
+        if self.compactions is not None:
+            self.compactions.start_if_due()
 
     def start_cleaning(self, positions: dict[TP, int]) -> threading.Thread:
         """`clean` in the background: a store that does not answer keeps delta-rs retrying for minutes, which

@@ -140,6 +140,14 @@ class SinkMetrics:
             "sink_delta_merge_duration_seconds", "Time the driver took to merge one commit's staged files into "
             "the Delta table, retries included (SINK_TARGET=delta).",
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120), registry=r)
+        self.delta_compactions = Counter(
+            "sink_delta_compactions_total", "Change-log mode (SINK_DELTA_CHANGE_LOG): compactions of the change log "
+            "into the keyed Delta table, by result (ok; retry: failed, tried again after the next batch; fatal).",
+            ("result",), registry=r)
+        self.delta_compaction_duration = Histogram(
+            "sink_delta_compaction_duration_seconds", "Change-log mode: time one compaction of the change log into the "
+            "keyed Delta table took, all buckets and retries included.",
+            buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600), registry=r)
         self.delta_maintenance = Counter(
             "sink_delta_maintenance_total", "Delta table maintenance steps run after a merge (compact, "
             "cleanup_metadata, vacuum), by result (ok, failed: retried at the next due version).",

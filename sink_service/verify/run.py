@@ -116,7 +116,7 @@ def _target_rows(config: SinkConfig, options: VerifyOptions, table: str, topics:
     if config.target == "ems":
         return ems_table(config, table, download)
     if config.target == "delta":
-        return delta_table(config, table, download)
+        return delta_table(config, table, download, topics[0], expected.primary_keys)
     raise TargetUnreadable(f"SINK_TARGET={config.target} cannot be verified")
 
 

@@ -22,7 +22,7 @@ import json
 import re
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, urlsplit
@@ -175,33 +175,35 @@ def ems_table(config: SinkConfig, table: str, download_dir: Path) -> TargetRows:
     return _ems_rows(table, answer["columns"], answer["rows"], download_dir, url)
 
 
-def delta_table(config: SinkConfig, uri: str, download_dir: Path) -> TargetRows:
-    """A Delta table's current rows as one local Parquet file, written batch by batch (bounded memory)."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import DeltaError, TableNotFoundError
+def delta_table(config: SinkConfig, uri: str, download_dir: Path, topic: str,
+                primary_keys: Sequence[str] = ()) -> TargetRows:
+    """A Delta table's current rows as one local Parquet file, written batch by batch (bounded memory). In
+    change-log mode, what a reader sees: the keyed table with the change log applied (uploader.delta_view)."""
+    from deltalake.exceptions import DeltaError
 
     from sink_service.config.upload_targets import target_settings
     from uploader.delta_settings import DeltaSettings
-    from uploader.delta_storage import storage_options
+    from uploader.delta_view import current_batches
 
     settings = target_settings(config)
     settings = getattr(settings, "inner", settings)  # rejected files parked: the table is the inner target
     if not isinstance(settings, DeltaSettings):
         raise TargetUnreadable(f"SINK_TARGET={config.target} is not a Delta table")
+    what = f"Delta table {uri}" + (f" and its change log {settings.changes_uri_for(topic)}" if settings.change_log
+                                   else "")
     try:
-        table = DeltaTable(uri, storage_options=storage_options(settings) or None)
-    except TableNotFoundError:
-        return TargetRows(described=f"Delta table {uri} (not created yet: no file was merged)")
+        found = current_batches(settings, topic, primary_keys, config.order_field)
+        if found is None:
+            return TargetRows(described=f"{what} (not created yet: no file was merged)")
+        download_dir.mkdir(parents=True, exist_ok=True)
+        path = download_dir / "delta.parquet"
+        schema, batches = found
+        with pq.ParquetWriter(path, schema) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
     except (DeltaError, OSError) as exc:
-        raise TargetUnreadable(f"Delta table {uri} cannot be read: {exc}") from None
-    download_dir.mkdir(parents=True, exist_ok=True)
-    path = download_dir / "delta.parquet"
-    dataset = table.to_pyarrow_dataset()
-    with pq.ParquetWriter(path, dataset.schema) as writer:
-        for batch in dataset.to_batches(batch_size=65_536):
-            writer.write_batch(batch)
-    where = f"Delta table {uri} version {table.version()}"
-    return TargetRows(files=[TargetFile(path, where=where)], described=where)
+        raise TargetUnreadable(f"{what} cannot be read: {exc}") from None
+    return TargetRows(files=[TargetFile(path, where=what)], described=what)
 
 
 def _ems_rows(table: str, columns: list[str], rows: list[list], download_dir: Path, url: str) -> TargetRows:

@@ -1,0 +1,80 @@
+"""Driver side of change-log mode: compactions of the change log into the keyed table, beside the batches.
+
+Run in one background thread, started after a batch's Kafka commit when a table's compaction is due
+(uploader.delta_compaction.Compaction.due): a compaction of a large table takes seconds to minutes, and the
+batches' appends (what readers see through the view) must not wait for it. Nothing Kafka's commit depends on
+happens here: the change log already holds every committed record, so a compaction that fails is only retried
+after the next batch (counted `retry`), and a crash or SIGTERM in the middle leaves the keyed table's per-bucket
+transactions saying exactly what it holds. A compaction that can never succeed (the keyed table refuses the
+change log's types, credentials) stops the service at the next batch, as a merge would.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+from sink_service.driver.metrics import SinkMetrics
+from uploader.delta_compaction import Compaction
+from uploader.delta_settings import DeltaSettings
+from uploader.errors import FatalUploadError, RetryableUploadError
+from uploader.target import FileMetadata
+
+log = logging.getLogger(__name__)
+
+
+class BackgroundCompactions:
+    def __init__(self, settings: DeltaSettings, scratch: Path, metrics: SinkMetrics) -> None:
+        self.compaction = Compaction(settings, scratch / "delta-compaction")
+        self.metrics = metrics
+        self._tables: dict[str, tuple[tuple[str, ...], str | None]] = {}  # topic -> (keys, order)
+        self._thread: threading.Thread | None = None
+        self._failure: FatalUploadError | None = None
+
+    def appended(self, files: list[FileMetadata]) -> None:
+        """The topics a batch appended to, with their keys: what a compaction merges them by."""
+        for metadata in files:
+            self._tables[metadata.topic] = (tuple(metadata.primary_keys), metadata.order_column)
+
+    def check(self) -> None:
+        """Raise the fatal failure of a compaction, so the batch stops the service with its message."""
+        if self._failure is not None:
+            raise self._failure
+
+    def start_if_due(self) -> threading.Thread | None:
+        """Start a compaction round unless one is running; returns its thread."""
+        if self._thread is not None and self._thread.is_alive():
+            return None
+        self._thread = threading.Thread(target=self._round, args=(dict(self._tables),), name="delta-compaction",
+                                        daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def _round(self, tables: dict[str, tuple[tuple[str, ...], str | None]]) -> None:
+        for topic, (keys, order) in sorted(tables.items()):
+            try:
+                if not self.compaction.due(topic):
+                    continue
+                started = time.monotonic()
+                result = self.compaction.compact(topic, keys, order)
+                took = time.monotonic() - started
+                self.metrics.delta_compaction_duration.observe(took)
+                self.metrics.delta_compactions.labels("ok").inc()
+                log.info("compacted the change log of %s into the keyed table: %d bucket(s), %d row(s) through "
+                         "change-log version %s in %.2fs", self.compaction.settings.uri_for(topic),
+                         result.get("buckets", 0), result.get("rows", 0), result.get("version"), took,
+                         extra={"fields": {"event": "delta_compaction", "duration_s": round(took, 3),
+                                           **{k: v for k, v in result.items() if k != "duration_s"}}})
+            except RetryableUploadError as exc:
+                self.metrics.delta_compactions.labels("retry").inc()
+                log.warning("compaction of the change log of %s failed (tried again after the next batch; the "
+                            "view shows every record meanwhile): %s", self.compaction.settings.uri_for(topic), exc)
+            except FatalUploadError as exc:
+                self.metrics.delta_compactions.labels("fatal").inc()
+                self._failure = exc
+            except Exception as exc:  # never kill the thread silently; the next round tries again
+                self.metrics.delta_compactions.labels("retry").inc()
+                log.exception("compaction of the change log of %s failed: %s",
+                              self.compaction.settings.uri_for(topic), exc)
