@@ -198,7 +198,7 @@ def _applied(table: DeltaTable | None, app_id: str) -> int | None:
 
 
 def _bytes(table: DeltaTable) -> int:
-    actions = table.get_add_actions(flatten=True)
+    actions = pa.table(table.get_add_actions(flatten=True))  # deltalake hands an arro3 table
     return int(pc.sum(actions.column("size_bytes")).as_py() or 0) if actions.num_rows else 0
 
 

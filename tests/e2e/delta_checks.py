@@ -267,6 +267,29 @@ def check_table(location: DeltaLocation, workload: Workload, topic: str, group: 
     return found
 
 
+def check_change_log_table(location: DeltaLocation, workload: Workload, topic: str, group: str,
+                           ends: dict[int, int], *, hard_deletes: bool) -> Applications:
+    """Change-log mode: what a reader sees through the view is exact, and every range was applied once across
+    the keyed table's log (what was merged there before) and the change log's; then, after a last compaction,
+    the keyed table alone is exact."""
+    from uploader.delta_compaction import Compaction
+    from uploader.delta_settings import DeltaSettings
+    from uploader.delta_view import current_rows
+
+    settings = DeltaSettings(table_uri=location.uri, group_id=group, hard_deletes=hard_deletes,
+                             endpoint_url=location.endpoint_url, region="us-east-1", change_log=True)
+    assert_rows_exact(current_rows(settings, topic, ("id",), "_offset").to_pylist(), workload, topic,
+                      hard_deletes=hard_deletes, how="the view (keyed table + change log)")
+    changes = DeltaLocation(settings.changes_uri_for(topic), location.endpoint_url)
+    keyed_log, changes_log = location.log(), changes.log()
+    found = applications(keyed_log + changes_log, group, topic)
+    assert_applied_once(found, ends)
+    Compaction(settings, Path(location.uri).parent / "compaction-scratch").compact(topic, ("id",), "_offset")
+    assert_rows_exact(location.deltalake().to_pyarrow_table().to_pylist(), workload, topic,
+                      hard_deletes=hard_deletes, how="the keyed table after a last compaction")
+    return found
+
+
 def count_in_logs(paths: list[Path], text: str) -> int:
     """How often a line of the services' logs says `text` (e.g. a delta_conflict retry)."""
     return sum(p.read_text(errors="replace").count(text) for p in paths if p.exists())

@@ -34,6 +34,7 @@ from tests.e2e.delta_checks import (
     SKIPPED,
     DeltaLocation,
     assignments,
+    check_change_log_table,
     check_table,
     count_in_logs,
     delete_env,
@@ -70,10 +71,13 @@ def _delta_env(service_env, topic: str, group: str, location: DeltaLocation, **o
     return env
 
 
-@pytest.mark.parametrize(("place", "hard_deletes"), [("dir", True), ("s3", False)],
-                         ids=["dir-hard-deletes", "s3-soft-deletes"])
+@pytest.mark.parametrize(("place", "hard_deletes", "change_log"),
+                         [("dir", True, False), ("s3", False, False), ("dir", True, True)],
+                         ids=["dir-hard-deletes", "s3-soft-deletes", "dir-change-log-hard-deletes"])
 def test_delta_table_is_exact_and_applied_once_through_kill_minus_nine(
-        place, hard_deletes, bootstrap, tmp_path, unique, service_env, services, request):
+        place, hard_deletes, change_log, bootstrap, tmp_path, unique, service_env, services, request):
+    """With the change log (compacting at 1% of the table, so compactions run all along, the kill included),
+    the head merged into the keyed table before is held there, and the view and the keyed table end exact."""
     started = time.monotonic()
     topic, group = unique("deltaorders"), unique("group")
     create_topics(bootstrap, {topic: PARTITIONS})
@@ -81,7 +85,9 @@ def test_delta_table_is_exact_and_applied_once_through_kill_minus_nine(
     produce_orders_with_deletes(bootstrap, topic, keys=3000, updates=4, workload=workload)
     where = _location(place, tmp_path, request, unique)
     env = _delta_env(service_env, topic, group, where, SINK_FLUSH_RECORDS=1000, SINK_MAX_FILES_PER_BATCH=3,
-                     SINK_FLUSH_INTERVAL_MS=1000, **delete_env(hard_deletes))
+                     SINK_FLUSH_INTERVAL_MS=1000, **delete_env(hard_deletes),
+                     **({"SINK_DELTA_CHANGE_LOG": "true", "SINK_DELTA_COMPACT_AT_CHANGES_PERCENT": "1"}
+                        if change_log else {}))
     location = DeltaLocation(where.uri.replace("{topic}", topic), where.endpoint_url)
     total = sum(end_offsets(bootstrap, topic, PARTITIONS).values())
 
@@ -99,9 +105,12 @@ def test_delta_table_is_exact_and_applied_once_through_kill_minus_nine(
     wait_until(lambda: all_committed(bootstrap, group, topic, PARTITIONS), 180, "all commits", process=service)
     assert service.terminate() == 0
 
-    found = check_table(location, workload, topic, group, end_offsets(bootstrap, topic, PARTITIONS),
-                        hard_deletes=hard_deletes)
+    check = check_change_log_table if change_log else check_table
+    found = check(location, workload, topic, group, end_offsets(bootstrap, topic, PARTITIONS),
+                  hard_deletes=hard_deletes)
     logs = [crashed.log_path, service.log_path]
+    if change_log:
+        assert count_in_logs(logs, "compacted the change log") > 0, "the service compacted nothing"
     deleted = sum(1 for v in workload.expected_rows(topic).values() if v.get("_deleted"))
     print(f"delta e2e ({place}, hard deletes {hard_deletes}): {total} records, {deleted} keys ending deleted, "
           f"{found.applications} applications in {found.commits} commits ({found.cut} cut at the table's end), "

@@ -194,3 +194,19 @@ def test_change_rows_carry_their_change_log_version(tmp_path: Path) -> None:
     versions = [r[CHANGE_VERSION] for r in rows]
     assert versions[0] < versions[1] <= changes.version()
     assert changes.metadata().partition_columns == [BUCKET]
+
+
+def test_a_compaction_is_due_at_its_share_of_the_table_or_after_its_interval(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, compact_at_ratio=0.5, compact_max_interval_s=30)
+    target, compaction = ChangeLogTarget(settings), Compaction(settings, tmp_path / "scratch")
+    assert not compaction.due(TOPIC), "no change log yet"
+    target.merge(_files(tmp_path / "a", [[(k, {"amount": k}) for k in range(2000)]]))
+    assert compaction.due(TOPIC, now=0.0), "no keyed table yet: any change is half of nothing"
+    compaction.compact(TOPIC, ("id",), "_offset")
+    sizes = compaction.sizes(TOPIC)
+    assert sizes is not None and sizes.changes == 0 and sizes.table > 0
+    assert not compaction.due(TOPIC), "nothing pending"
+    target.merge(_files(tmp_path / "b", [[(1, {"amount": 10})]], start=2000))
+    last = compaction._last[settings.uri_for(TOPIC)]
+    assert not compaction.due(TOPIC, now=last + 1), "one row is far below half the table"
+    assert compaction.due(TOPIC, now=last + 31), "the interval passed with changes pending"
