@@ -36,11 +36,13 @@ from tests.e2e.delta_checks import (
     SKIPPED,
     DeltaLocation,
     applications,
+    check_change_log_table,
     check_table,
     count_in_logs,
     delete_env,
     produce_orders_with_deletes,
 )
+from uploader.delta_settings import CHANGES_SUFFIX
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 
@@ -111,8 +113,11 @@ def _log_versions(location: DeltaLocation) -> int:
     return sum(1 for page in pages for o in page.get("Contents", []) if o["Key"].endswith(".json"))
 
 
+@pytest.mark.parametrize("change_log", [False, True], ids=["merge", "change-log"])
 def test_delta_on_s3_through_kills_resets_and_a_stopped_store_is_exact_and_applied_once(
-        bootstrap, moto_process, tmp_path, unique, service_env, services, monkeypatch):
+        change_log, bootstrap, moto_process, tmp_path, unique, service_env, services, monkeypatch):
+    """In change-log mode the batches append to the change log (whose log is watched for commits and checked
+    against Kafka's), and compactions at 5% of the table run through the kills and the faults too."""
     started = time.monotonic()
     rng = random.Random(int(os.environ.get("CHAOS_SEED", "20261127")))
     for name, value in S3_CREDENTIALS.items():
@@ -123,11 +128,15 @@ def test_delta_on_s3_through_kills_resets_and_a_stopped_store_is_exact_and_appli
     create_topics(bootstrap, {topic: PARTITIONS})
     proxy = ChaosProxy(int(moto_process.port))
     location = DeltaLocation(f"s3://{bucket}/tables/{topic}", moto_process.url)  # the checks read moto directly
+    # Where the batches commit (with the partitions' transactions): the change log in change-log mode.
+    batches = DeltaLocation(location.uri + CHANGES_SUFFIX, moto_process.url) if change_log else location
     env = service_env(topic, group, SINK_TARGET="delta", SINK_DELTA_TABLE_URI=f"s3://{bucket}/tables/{{topic}}",
                       SINK_S3_ENDPOINT_URL=proxy.url(""), SINK_S3_REGION="us-east-1", SINK_FLUSH_RECORDS=600,
                       SINK_MAX_FILES_PER_BATCH=3, SINK_FLUSH_INTERVAL_MS=1000, SINK_UPLOAD_TIMEOUT_MS=3000,
                       SINK_UPLOAD_RETRY_BUDGET_MS=8000, SINK_RESTART_BACKOFF_MAX_MS=2000,
-                      **delete_env(True), **S3_CREDENTIALS)
+                      **delete_env(True), **S3_CREDENTIALS,
+                      **({"SINK_DELTA_CHANGE_LOG": "true", "SINK_DELTA_COMPACT_AT_CHANGES_PERCENT": "5"}
+                         if change_log else {}))
     env.pop("SINK_EMS_ENDPOINT")
     env.pop("SINK_EMS_AUTHORIZATION")
     workload = Workload()
@@ -153,9 +162,9 @@ def test_delta_on_s3_through_kills_resets_and_a_stopped_store_is_exact_and_appli
             if kill % 2:  # a random moment after start: startup, planning, a merge, a commit, anything
                 time.sleep(rng.uniform(5, 25))
             else:  # a random moment once commits flow again
-                before = _log_versions(location) if kill else 0
+                before = _log_versions(batches) if kill else 0
                 deadline = time.monotonic() + 60
-                while _log_versions(location) <= before and time.monotonic() < deadline:
+                while _log_versions(batches) <= before and time.monotonic() < deadline:
                     time.sleep(0.3)
                 killed_mid_merge += 1
             faults[kill % len(faults)]()
@@ -164,7 +173,7 @@ def test_delta_on_s3_through_kills_resets_and_a_stopped_store_is_exact_and_appli
             timeline.append(f"{fault_names[kill % len(faults)]}, {time.monotonic() - born:.0f}s, "
                             f"{service.output().count(' uploaded, committed ')} batches")
             committed = committed_offsets(bootstrap, group, topic, PARTITIONS)
-            held = applications(location.log(), group, topic).transactions if _log_versions(location) else {}
+            held = applications(batches.log(), group, topic).transactions if _log_versions(batches) else {}
             ahead = {p: (o, held.get(p, 0)) for p, o in committed.items() if o > held.get(p, 0)}
             assert not ahead, f"kill {kill + 1}: Kafka committed ahead of the table: {ahead}\n" + \
                 service.output()[-3000:]
@@ -180,11 +189,12 @@ def test_delta_on_s3_through_kills_resets_and_a_stopped_store_is_exact_and_appli
         proxy.stop()
     ends = end_offsets(bootstrap, topic, PARTITIONS)
     assert sum(ends.values()) == BURSTS * KEYS * VERSIONS == workload.produced
-    found = check_table(location, workload, topic, group, ends, hard_deletes=True)
+    check = check_change_log_table if change_log else check_table
+    found = check(location, workload, topic, group, ends, hard_deletes=True)
     assert proxy.resets > 0, "the connection-reset fault never hit a connection"
     assert moto_process.pauses > 0
-    log = location.log()
-    assert applications(log, group, topic).duplicates() == 0
+    if change_log:
+        assert count_in_logs(logs, "compacted the change log") > 0, "the service compacted nothing"
     deleted = sum(1 for v in workload.expected_rows(topic).values() if v.get("_deleted"))
     durations = sorted(float(d) for path in logs for d in _DURATION.findall(path.read_text(errors="replace")))
     print(f"delta chaos: {KILLS} kills ({killed_mid_merge} once commits flowed), {sum(ends.values())} records, "
