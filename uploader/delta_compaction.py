@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import pathlib
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -80,10 +81,11 @@ class Compaction:
         return (sizes.changes >= self.settings.compact_at_ratio * sizes.table
                 or now - last >= self.settings.compact_max_interval_s)
 
-    def compact(self, topic: str, keys: Sequence[str], order: str | None,
-                on_retry: OnRetry | None = None) -> dict[str, Any]:
+    def compact(self, topic: str, keys: Sequence[str], order: str | None, on_retry: OnRetry | None = None,
+                stop: threading.Event | None = None) -> dict[str, Any]:
         """Apply the change log, as of its newest version, to the keyed table bucket by bucket; delete what is
-        applied from the change log. Returns counts; raises what a merge would (RetryableUploadError, ...)."""
+        applied from the change log. Returns counts; raises what a merge would (RetryableUploadError, ...).
+        `stop` set: return after the bucket at hand (each bucket is its own commit; the rest waits)."""
         uri = self.settings.uri_for(topic)
         started = time.monotonic()
         changes = self._changes(topic)
@@ -94,6 +96,8 @@ class Compaction:
         pinned = keyed is None or BUCKET in keyed.metadata().partition_columns
         groups = [[b] for b in range(self.settings.buckets)] if pinned else [list(range(self.settings.buckets))]
         for buckets in groups:
+            if stop is not None and stop.is_set():
+                break
             counts, _ = call_with_retries(lambda _attempt, b=buckets: self._compact(changes, topic, b, keys, order),
                                           self.settings.retry, on_retry)
             if counts:

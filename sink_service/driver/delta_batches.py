@@ -112,7 +112,12 @@ class DeltaBatches:
                 log.warning("could not delete %d staged file(s) of topic %s (deleted at the next start): %s",
                             len(locations), topic, exc)
         if self.compactions is not None:
-            self.compactions.start_if_due()
+            self.compactions.wake()
+
+    def close(self, timeout_s: float) -> None:
+        """At shutdown: end the background compactions (change-log mode)."""
+        if self.compactions is not None:
+            self.compactions.stop(timeout_s)
 
     def start_cleaning(self, positions: dict[TP, int]) -> threading.Thread:
         """`clean` in the background: a store that does not answer keeps delta-rs retrying for minutes, which

@@ -1,8 +1,10 @@
 """Driver side of change-log mode: compactions of the change log into the keyed table, beside the batches.
 
-Run in one background thread, started after a batch's Kafka commit when a table's compaction is due
-(uploader.delta_compaction.Compaction.due): a compaction of a large table takes seconds to minutes, and the
-batches' appends (what readers see through the view) must not wait for it. Nothing Kafka's commit depends on
+Run in one background thread, which looks whether a table's compaction is due
+(uploader.delta_compaction.Compaction.due) after each batch's Kafka commit and every POLL_S while idle (so
+changes are compacted within SINK_DELTA_COMPACT_MAX_INTERVAL_S even when no batch comes): a compaction of a
+large table takes seconds to minutes, and the batches' appends (what readers see through the view) must not
+wait for it. Nothing Kafka's commit depends on
 happens here: the change log already holds every committed record, so a compaction that fails is only retried
 after the next batch (counted `retry`), and a crash or SIGTERM in the middle leaves the keyed table's per-bucket
 transactions saying exactly what it holds. A compaction that can never succeed (the keyed table refuses the
@@ -24,6 +26,8 @@ from uploader.target import FileMetadata
 
 log = logging.getLogger(__name__)
 
+POLL_S = 10.0
+
 
 class BackgroundCompactions:
     def __init__(self, settings: DeltaSettings, scratch: Path, metrics: SinkMetrics) -> None:
@@ -31,6 +35,8 @@ class BackgroundCompactions:
         self.metrics = metrics
         self._tables: dict[str, tuple[tuple[str, ...], str | None]] = {}  # topic -> (keys, order)
         self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
         self._failure: FatalUploadError | None = None
 
     def appended(self, files: list[FileMetadata]) -> None:
@@ -43,14 +49,33 @@ class BackgroundCompactions:
         if self._failure is not None:
             raise self._failure
 
-    def start_if_due(self) -> threading.Thread | None:
-        """Start a compaction round unless one is running; returns its thread."""
-        if self._thread is not None and self._thread.is_alive():
-            return None
-        self._thread = threading.Thread(target=self._round, args=(dict(self._tables),), name="delta-compaction",
-                                        daemon=True)
-        self._thread.start()
-        return self._thread
+    def wake(self) -> None:
+        """After a batch's Kafka commit: look now (the thread starts with the first batch)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="delta-compaction", daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    def stop(self, timeout_s: float) -> bool:
+        """At shutdown: let a running compaction finish its bucket (each bucket is one atomic commit) and end the
+        thread, so no delta-rs call is left running while the interpreter exits. False when it did not end."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is None:
+            return True
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning("a compaction of the change log was still running after %.0fs at shutdown; what it "
+                        "committed holds, the rest is compacted after the restart", timeout_s)
+            return False
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(POLL_S)
+            self._wake.clear()
+            if not self._stop.is_set():
+                self._round(dict(self._tables))
 
     def _round(self, tables: dict[str, tuple[tuple[str, ...], str | None]]) -> None:
         for topic, (keys, order) in sorted(tables.items()):
@@ -58,7 +83,7 @@ class BackgroundCompactions:
                 if not self.compaction.due(topic):
                     continue
                 started = time.monotonic()
-                result = self.compaction.compact(topic, keys, order)
+                result = self.compaction.compact(topic, keys, order, stop=self._stop)
                 took = time.monotonic() - started
                 self.metrics.delta_compaction_duration.observe(took)
                 self.metrics.delta_compactions.labels("ok").inc()

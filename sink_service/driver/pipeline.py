@@ -136,6 +136,11 @@ class Pipeline:
         return DeltaBatches(settings, parked, Path(self.config.scratch_dir), self.config.delta_merge_max_bytes,
                             self.metrics, bad_values)
 
+    def close(self) -> None:
+        """After the query stopped: background work (change-log compactions) ends within the shutdown timeout."""
+        if self.delta is not None:
+            self.delta.close(self.config.shutdown_timeout_ms / 1000)
+
     def assignment_changed(self) -> bool:
         """The group moved partitions since the query started: it must restart on the new ones."""
         return self.membership.epoch != self._epoch

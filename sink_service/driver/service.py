@@ -120,6 +120,8 @@ class SinkService:
                 self._pipeline.stopping.set()
             return self._supervise(self._pipeline)
         finally:
+            if self._pipeline is not None:
+                self._pipeline.close()
             membership.close()  # after the drain: leave the group, partitions move at once
             if spark is not None:
                 spark.stop()

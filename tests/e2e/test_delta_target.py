@@ -119,14 +119,17 @@ def test_delta_table_is_exact_and_applied_once_through_kill_minus_nine(
           f"{count_in_logs(logs, CONFLICT_RETRY)}; {time.monotonic() - started:.0f}s")
 
 
+@pytest.mark.parametrize("change_log", [False, True], ids=["merge", "change-log"])
 def test_two_instances_of_one_group_write_one_s3_table_exactly_once(
-        bootstrap, tmp_path, unique, service_env, services, request):
+        change_log, bootstrap, tmp_path, unique, service_env, services, request):
     """Two instances of one group on one table while records flow. B joins once A is committing, so the
     rebalance moves two partitions from A, with A's batch in flight, to B; B is killed with kill -9 after its
     first commits and restarted (its Delta commits may be ahead of Kafka's). The two race on one log.
 
     (noida-db never hands a dead static member's partitions to the survivor, and a restarted instance is the
-    same static member: so the move is made by B joining, not by the session timeout.)"""
+    same static member: so the move is made by B joining, not by the session timeout.)
+
+    In change-log mode both append to one change log and both compact it (at 1% of the table, so all along)."""
     started = time.monotonic()
     partitions = 4
     topic, group = unique("deltatwo"), unique("group")
@@ -143,7 +146,9 @@ def test_two_instances_of_one_group_write_one_s3_table_exactly_once(
     where = _location("s3", tmp_path, request, unique)
     location = DeltaLocation(where.uri.replace("{topic}", topic), where.endpoint_url)
     envs = [_delta_env(service_env, topic, group, where, SINK_FLUSH_RECORDS=800, SINK_MAX_FILES_PER_BATCH=2,
-                       SINK_FLUSH_INTERVAL_MS=1000, **delete_env(False)) for _ in range(2)]
+                       SINK_FLUSH_INTERVAL_MS=1000, **delete_env(False),
+                       **({"SINK_DELTA_CHANGE_LOG": "true", "SINK_DELTA_COMPACT_AT_CHANGES_PERCENT": "1"}
+                          if change_log else {})) for _ in range(2)]
     envs[1]["SINK_SCRATCH_DIR"] = str(tmp_path / "scratch-b")
 
     def committed() -> int:
@@ -172,8 +177,11 @@ def test_two_instances_of_one_group_write_one_s3_table_exactly_once(
 
     ends = end_offsets(bootstrap, topic, partitions)
     assert sum(ends.values()) == workload.produced
-    found = check_table(location, workload, topic, group, ends, hard_deletes=False)
+    check = check_change_log_table if change_log else check_table
+    found = check(location, workload, topic, group, ends, hard_deletes=False)
     logs = [first.log_path, second.log_path, restarted.log_path]
+    if change_log:
+        assert count_in_logs(logs, "compacted the change log") > 0, "the instances compacted nothing"
     moved = {"a": assignments(first.log_path), "b": assignments(second.log_path),
              "b restarted": assignments(restarted.log_path)}
     assert moved["a"][0].startswith(f"{partitions} ") and moved["a"][-1].startswith("2 "), moved
