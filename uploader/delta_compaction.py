@@ -12,8 +12,10 @@ different buckets commit beside each other.
 Exactly once per bucket: the merge's commit carries the application transaction
 `kafka-parquet-sink/<group>/compacted-changes/<bucket>` = the change-log version it applied through, and is made
 with `max_commit_retries=0` after re-reading that transaction; a rival's compaction in between fails it and the
-retry starts from the rival's progress. Rows of a bucket at or below its transaction are then deleted from the
-change log (by predicate, whole files: nothing rewritten). A crash between the two leaves rows the view and the
+retry starts from the rival's progress. Rows of a bucket at or below its transaction are deleted from the
+change log (by predicate, whole files: nothing rewritten) once that transaction is KEEP_APPLIED_S old: a reader
+takes two snapshots (the keyed table's and the change log's), and one that took the keyed table's before the
+compaction committed still finds the changes in the change log's. A crash in between leaves rows the view and the
 next compaction both skip, since the transaction says they are applied.
 """
 
@@ -44,6 +46,10 @@ from uploader.target import FileMetadata
 
 log = logging.getLogger(__name__)
 
+# Applied rows stay in the change log this long after the compaction that applied them: readers whose two
+# snapshots are taken at most this far apart never miss a change (README, *Delta Lake target*).
+KEEP_APPLIED_S = 60.0
+
 
 @dataclass(frozen=True)
 class Sizes:
@@ -56,11 +62,14 @@ class Sizes:
 class Compaction:
     """Compacts one topic's change log into its keyed table; one instance per driver, called from one thread."""
 
-    def __init__(self, settings: DeltaSettings, scratch: pathlib.Path) -> None:
+    def __init__(self, settings: DeltaSettings, scratch: pathlib.Path, keep_applied_s: float = KEEP_APPLIED_S) -> None:
         self.settings = settings
         self.keyed = DeltaTarget(settings)
         self.scratch = scratch
+        self.keep_applied_s = keep_applied_s
         self._last: dict[str, float] = {}  # uri -> when its last compaction ended (monotonic)
+        # uri -> (when, each bucket's applied version) after each compaction, oldest first: what may be deleted
+        self._applied: dict[str, list[tuple[float, dict[int, int | None]]]] = {}
 
     def sizes(self, topic: str) -> Sizes | None:
         """None when there is no change log yet."""
@@ -181,11 +190,20 @@ class Compaction:
         return _with_every_column(fitted, pa.schema(keyed.schema().to_arrow()))
 
     def _delete_applied(self, changes: DeltaTable, uri: str) -> None:
-        """Delete from the change log the rows each bucket's transaction says the keyed table holds."""
+        """Delete from the change log the rows the keyed table's bucket transactions said it held at least
+        `keep_applied_s` ago (this process's compactions: after a restart, from its first one on)."""
         keyed = self.keyed._open(uri)
         if keyed is None:
             return
-        done = {b: _applied(keyed, self.settings.compaction_app_id(b)) for b in range(self.settings.buckets)}
+        now = time.monotonic()
+        history = self._applied.setdefault(uri, [])
+        history.append((now, {b: _applied(keyed, self.settings.compaction_app_id(b))
+                              for b in range(self.settings.buckets)}))
+        old = [done for at, done in history if now - at >= self.keep_applied_s]
+        if not old:
+            return
+        done = old[-1]
+        history[:] = [(at, d) for at, d in history if now - at < self.keep_applied_s]
         clauses = [f"(`{BUCKET}` = {b} AND `{CHANGE_VERSION}` <= {v})" for b, v in done.items() if v is not None]
         if not clauses:
             return
@@ -193,6 +211,7 @@ class Compaction:
             changes.update_incremental()
             changes.delete(" OR ".join(clauses), commit_properties=CommitProperties(max_commit_retries=5))
         except Exception as exc:  # never fails the compaction: the view and the next one skip applied rows
+            history.insert(0, (now - self.keep_applied_s, done))  # deleted by the next compaction
             log.warning("could not delete compacted rows from the change log of %s (the next compaction "
                         "will): %s", uri, exc)
 

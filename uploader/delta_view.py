@@ -35,8 +35,10 @@ def current_batches(settings: DeltaSettings, topic: str, keys: Sequence[str],
     """The current rows of the topic's table (keyed table plus change log) as batches of one schema; None when
     neither table exists."""
     options = storage_options(settings) or None
-    keyed = _open(settings.uri_for(topic), options)
+    # The change log first: a compaction that commits between the two snapshots is then in the keyed table's,
+    # and the rows it applied are still in the change log's (deleted only KEEP_APPLIED_S later).
     changes = _open(settings.changes_uri_for(topic), options)
+    keyed = _open(settings.uri_for(topic), options)
     if changes is None:
         if keyed is None:
             return None

@@ -284,7 +284,8 @@ def check_change_log_table(location: DeltaLocation, workload: Workload, topic: s
     keyed_log, changes_log = location.log(), changes.log()
     found = applications(keyed_log + changes_log, group, topic)
     assert_applied_once(found, ends)
-    Compaction(settings, Path(location.uri).parent / "compaction-scratch").compact(topic, ("id",), "_offset")
+    Compaction(settings, Path(location.uri).parent / "compaction-scratch", keep_applied_s=0).compact(
+        topic, ("id",), "_offset")
     assert_rows_exact(location.deltalake().to_pyarrow_table().to_pylist(), workload, topic,
                       hard_deletes=hard_deletes, how="the keyed table after a last compaction")
     return found

@@ -44,7 +44,7 @@ def _settings(tmp: Path, **overrides: Any) -> DeltaSettings:
 
 def _run(tmp: Path, files: list[DeltaFile], batching: str, compactions: str, **overrides: Any) -> DeltaSettings:
     settings = _settings(tmp, **overrides)
-    target, compaction = ChangeLogTarget(settings), Compaction(settings, tmp / "scratch")
+    target, compaction = ChangeLogTarget(settings), Compaction(settings, tmp / "scratch", keep_applied_s=0)
     keys, order = files[0].metadata.primary_keys, files[0].metadata.order_column
     for group in BATCHINGS[batching](len(files)):
         target.merge([files[i] for i in group])
@@ -91,7 +91,7 @@ def test_the_order_column_rule_holds_across_the_change_log_and_the_keyed_table(t
     """A row older by the order column than the key's row, in the keyed table or earlier in the change log, never
     wins: in the view, and in the table after a compaction."""
     settings = _settings(tmp_path)
-    target, compaction = ChangeLogTarget(settings), Compaction(settings, tmp_path / "scratch")
+    target, compaction = ChangeLogTarget(settings), Compaction(settings, tmp_path / "scratch", keep_applied_s=0)
     newer = _files(tmp_path / "a", [[(1, {"version": 5, "amount": 50}), (2, {"version": 5, "amount": 50})]],
                    bookkeeping=True)
     target.merge(newer)
@@ -136,7 +136,7 @@ def test_a_compaction_cut_between_its_commit_and_its_clean_up_applies_nothing_tw
     """The keyed table's per-bucket transaction says what it holds: the view skips those change-log rows, and the
     next compaction neither re-applies them (a hard-deleted key would come back) nor loses later ones."""
     settings = _settings(tmp_path, hard_deletes=True)
-    target, compaction = ChangeLogTarget(settings), Compaction(settings, tmp_path / "scratch")
+    target, compaction = ChangeLogTarget(settings), Compaction(settings, tmp_path / "scratch", keep_applied_s=0)
     phases = [[(1, {"amount": 1}), (2, {"amount": 2})], [(1, None)]]
     files = _files(tmp_path, phases)
     target.merge(files[:1])
@@ -146,7 +146,7 @@ def test_a_compaction_cut_between_its_commit_and_its_clean_up_applies_nothing_tw
     assert DeltaTable(settings.changes_uri_for(TOPIC)).to_pyarrow_table().num_rows == 3, "applied rows still there"
     expected = {k: v for k, v in _expected(phases).items() if not v["_deleted"]}
     assert _view(settings) == expected
-    Compaction(settings, tmp_path / "scratch").compact(TOPIC, ("id",), "_offset")
+    Compaction(settings, tmp_path / "scratch", keep_applied_s=0).compact(TOPIC, ("id",), "_offset")
     assert _rows(DeltaTable(settings.uri_for(TOPIC)).to_pyarrow_table()) == expected
     assert DeltaTable(settings.changes_uri_for(TOPIC)).to_pyarrow_table().num_rows == 0
 
@@ -154,7 +154,7 @@ def test_a_compaction_cut_between_its_commit_and_its_clean_up_applies_nothing_tw
 def test_a_compaction_rewrites_only_the_buckets_it_applies(tmp_path: Path) -> None:
     """Pinned to one bucket per merge: files of a bucket without changes are never rewritten."""
     settings = _settings(tmp_path)
-    target, compaction = ChangeLogTarget(settings), Compaction(settings, tmp_path / "scratch")
+    target, compaction = ChangeLogTarget(settings), Compaction(settings, tmp_path / "scratch", keep_applied_s=0)
     target.merge(_files(tmp_path / "a", [[(k, {"amount": k}) for k in range(200)]]))
     compaction.compact(TOPIC, ("id",), "_offset")
     keyed = DeltaTable(settings.uri_for(TOPIC))
@@ -198,7 +198,7 @@ def test_change_rows_carry_their_change_log_version(tmp_path: Path) -> None:
 
 def test_a_compaction_is_due_at_its_share_of_the_table_or_after_its_interval(tmp_path: Path) -> None:
     settings = _settings(tmp_path, compact_at_ratio=0.5, compact_max_interval_s=30)
-    target, compaction = ChangeLogTarget(settings), Compaction(settings, tmp_path / "scratch")
+    target, compaction = ChangeLogTarget(settings), Compaction(settings, tmp_path / "scratch", keep_applied_s=0)
     assert not compaction.due(TOPIC), "no change log yet"
     target.merge(_files(tmp_path / "a", [[(k, {"amount": k}) for k in range(2000)]]))
     assert compaction.due(TOPIC, now=0.0), "no keyed table yet: any change is half of nothing"

@@ -42,3 +42,24 @@ def test_a_compaction_between_the_views_two_snapshots_never_undoes_an_update(tmp
     view = _rows(delta_view.current_rows(settings, TOPIC, ("id",), "_offset"))
     assert len(opens) == 2, "both snapshots were taken"
     assert view == _expected(phases), "key 1 must show amount 10: its update is in one snapshot or the other"
+
+
+def test_a_reader_that_takes_the_keyed_tables_snapshot_first_still_sees_every_update(tmp_path: Path,
+                                                                                      monkeypatch) -> None:
+    """SQL engines resolve the two tables in no set order: applied rows stay in the change log for a while
+    (KEEP_APPLIED_S), so a keyed snapshot from before a compaction and a change-log snapshot from after it still
+    hold every update between them."""
+    settings = _settings(tmp_path)
+    target, compaction = ChangeLogTarget(settings), Compaction(settings, tmp_path / "scratch")
+    phases = [[(1, {"amount": 1}), (2, {"amount": 2})], [(1, {"amount": 10})]]
+    files = _files(tmp_path, phases)
+    target.merge(files[:1])
+    compaction.compact(TOPIC, ("id",), "_offset")
+    target.merge(files[1:])
+    before = DeltaTable(settings.uri_for(TOPIC))  # the reader's keyed snapshot, then the compaction
+    compaction.compact(TOPIC, ("id",), "_offset")
+    opened = delta_view._open
+    monkeypatch.setattr(delta_view, "_open", lambda uri, options: before if uri == settings.uri_for(TOPIC)
+                        else opened(uri, options))
+    assert _rows(delta_view.current_rows(settings, TOPIC, ("id",), "_offset")) == _expected(phases)
+    assert DeltaTable(settings.changes_uri_for(TOPIC)).to_pyarrow_table().num_rows > 0, "applied rows kept a while"
