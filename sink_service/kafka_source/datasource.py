@@ -213,18 +213,15 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
     def read(self, partition: KafkaRangePartition) -> Iterator[pa.RecordBatch]:
         """One outcome row per range, range after range: the records stay in this Python worker."""
         from sink_service.task.partition_task import process_range
-        from sink_service.task.range_reader import consumer_config, read_range
+        from sink_service.task.range_reader import consumer_config, read_ranges
         from uploader.column_types import decode_schema
 
         o = self.options
         config = consumer_config(o.client_config, o.group_id)
-
-        def read(rng: Range) -> Iterator[pa.RecordBatch]:
-            return read_range(rng, config, o.read_batch_max_bytes)
-
         spec = o.task_spec()
-        for planned in partition.ranges:
-            yield process_range(spec, planned.range, read, decode_schema(planned.column_types))
+        floors = {planned.range: planned.column_types for planned in partition.ranges}
+        for rng, read in read_ranges([planned.range for planned in partition.ranges], config, o.read_batch_max_bytes):
+            yield process_range(spec, rng, read, decode_schema(floors[rng]))
         _freeze_worker_heap()
 
 
