@@ -15,6 +15,16 @@ With riders, time-driven batches come at least half an interval apart, however m
 there are. The price, at high rates: one burst of files per interval instead of several smaller
 ones, so the last file of a burst arrives later (80k records/s: p99 6.5 -> 8.4 s).
 
+A batch's budget (`max_ranges_per_batch`) counts files' worth of records, not ranges: a range smaller
+than a file costs its share, at least `MIN_RANGE_COST`, and a file's worth counts at least
+`min_budget_file_records` records. Counting ranges let a batch take 8 of 96 partitions due by time,
+each waiting about 12 batches for its turn (p99 12 s at a 5 s interval); and with small files (a low
+SINK_FLUSH_RECORDS, or many partitions each holding little) a batch of 8 files is so small that the
+batches' own fixed cost sets the pace (1M records over 96 partitions: 12 batches of 87k records).
+What bounds a batch's duration, and a crash's replay, is its volume, which the budget still bounds.
+This pays only because a task fetches its small ranges together (`task.range_reader.read_ranges`):
+with a fetch round trip per range, one batch of 96 ranges was slower than 12 batches of 8.
+
 Pure logic, no Kafka: unit-tested directly.
 """
 
@@ -24,6 +34,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 TopicPartition = tuple[str, int]
+# The least a range costs of a batch's budget, however few records it holds: a range still has fixed
+# costs (a file, an upload, an outcome), so a batch takes at most 32 ranges per file's worth of budget.
+MIN_RANGE_COST = 1 / 32
+# The service's floor for a file's worth of budget: about 0.4 s of a task's work (SINK_FLUSH_RECORDS' default).
+MIN_BUDGET_FILE_RECORDS = 100_000
 
 
 @dataclass(frozen=True)
@@ -31,10 +46,13 @@ class Thresholds:
     records: int
     bytes: int
     interval_s: float
-    max_ranges_per_batch: int  # in files' worth of records: one partition's range may hold several
+    max_ranges_per_batch: int  # in files' worth of records: one range may hold several, or a share of one
     # The first batch after a start holds one wave of files (one per core), so the first commit,
     # and readiness, come after seconds rather than after a whole backlog.
     first_batch_ranges: int | None = None
+    # The budget counts a file's worth as at least this many records, so small files do not make
+    # batches so small that each batch's fixed cost dominates (0: a file's worth is a file).
+    min_budget_file_records: int = 0
 
 
 @dataclass
@@ -75,6 +93,7 @@ class Admission:
         estimates = bytes_per_record or {}
         # (since, partition, records due by a threshold, records pending), oldest first
         candidates: list[tuple[float, TopicPartition, int, int]] = []
+        unit: dict[TopicPartition, int] = {}  # records a file's worth of budget counts
         new_since = now if self.last_plan_at is None else self.last_plan_at
         rider_age = limits.interval_s / 2
         for tp, begin in start.items():
@@ -87,6 +106,7 @@ class Admission:
             estimate = estimates.get(tp[0])
             if estimate:
                 records_per_file = max(1, min(records_per_file, int(limits.bytes / estimate)))
+            unit[tp] = max(records_per_file, limits.min_budget_file_records)
             timed_out = now - since >= limits.interval_s
             # By count or size only whole files are admitted; by time, everything pending.
             admit = pending if timed_out else (pending // records_per_file) * records_per_file
@@ -104,18 +124,21 @@ class Admission:
         due = [entry for entry in due if entry[2] > 0]
         end = dict(start)
         # Oldest pending data first; every due partition gets one file's worth before any gets two.
-        budget = limits.max_ranges_per_batch
+        # A step is one file's worth at most (records), and costs at most one unit of budget.
+        budget: float = limits.max_ranges_per_batch
         if not self.admitted_before and limits.first_batch_ranges:
             budget = min(budget, limits.first_batch_ranges)
         grants = {tp: 0 for _, tp, _ in due}
         while budget > 0:
             progressed = False
             for _, tp, admit in due:
-                if budget == 0:
-                    break
                 if grants[tp] < admit:
-                    grants[tp] = min(admit, grants[tp] + limits.records)
-                    budget -= 1
+                    step = min(admit - grants[tp], limits.records)
+                    cost = min(1.0, max(MIN_RANGE_COST, step / unit[tp]))
+                    if cost > budget + 1e-9:
+                        continue
+                    grants[tp] += step
+                    budget -= cost
                     progressed = True
             if not progressed:
                 break
