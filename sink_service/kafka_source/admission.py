@@ -15,13 +15,14 @@ With riders, time-driven batches come at least half an interval apart, however m
 there are. The price, at high rates: one burst of files per interval instead of several smaller
 ones, so the last file of a burst arrives later (80k records/s: p99 6.5 -> 8.4 s).
 
-A batch's budget (`max_ranges_per_batch`) counts files' worth of records, not ranges: a range smaller
-than a file costs its share, at least `MIN_RANGE_COST`, and a file's worth counts at least
-`min_budget_file_records` records. Counting ranges let a batch take 8 of 96 partitions due by time,
-each waiting about 12 batches for its turn (p99 12 s at a 5 s interval); and with small files (a low
-SINK_FLUSH_RECORDS, or many partitions each holding little) a batch of 8 files is so small that the
-batches' own fixed cost sets the pace (1M records over 96 partitions: 12 batches of 87k records).
-What bounds a batch's duration, and a crash's replay, is its volume, which the budget still bounds.
+A batch's budget (`max_ranges_per_batch`) counts files: a whole file costs one, and the part of a
+file that time releases (less than a file: a quiet partition, or the tail of a busy one) costs its
+share of a file, counted as at least `min_budget_file_records` records, and at least `MIN_RANGE_COST`.
+Counting every range as one let a batch take 8 of 96 partitions due by time, each waiting about 12
+batches for its turn (p99 12 s at a 5 s interval); and with small files (1M records over 96
+partitions in files of 10,840) batches of 8 held 87k records, and their own fixed cost set the pace.
+Whole files still cost one each, so a backlog's batches hold SINK_MAX_FILES_PER_BATCH files as set;
+what time releases adds at most that many files' worth of at least 100,000 records.
 This pays only because a task fetches its small ranges together (`task.range_reader.read_ranges`):
 with a fetch round trip per range, one batch of 96 ranges was slower than 12 batches of 8.
 
@@ -50,8 +51,8 @@ class Thresholds:
     # The first batch after a start holds one wave of files (one per core), so the first commit,
     # and readiness, come after seconds rather than after a whole backlog.
     first_batch_ranges: int | None = None
-    # The budget counts a file's worth as at least this many records, so small files do not make
-    # batches so small that each batch's fixed cost dominates (0: a file's worth is a file).
+    # Less than a file costs its share of a file counted as at least this many records, so small
+    # time-released ranges do not make batches whose fixed cost dominates (0: a file is a file).
     min_budget_file_records: int = 0
 
 
@@ -93,7 +94,7 @@ class Admission:
         estimates = bytes_per_record or {}
         # (since, partition, records due by a threshold, records pending), oldest first
         candidates: list[tuple[float, TopicPartition, int, int]] = []
-        unit: dict[TopicPartition, int] = {}  # records a file's worth of budget counts
+        file_records: dict[TopicPartition, int] = {}  # a file's worth of records, by the byte estimate
         new_since = now if self.last_plan_at is None else self.last_plan_at
         rider_age = limits.interval_s / 2
         for tp, begin in start.items():
@@ -106,7 +107,7 @@ class Admission:
             estimate = estimates.get(tp[0])
             if estimate:
                 records_per_file = max(1, min(records_per_file, int(limits.bytes / estimate)))
-            unit[tp] = max(records_per_file, limits.min_budget_file_records)
+            file_records[tp] = records_per_file
             timed_out = now - since >= limits.interval_s
             # By count or size only whole files are admitted; by time, everything pending.
             admit = pending if timed_out else (pending // records_per_file) * records_per_file
@@ -124,7 +125,7 @@ class Admission:
         due = [entry for entry in due if entry[2] > 0]
         end = dict(start)
         # Oldest pending data first; every due partition gets one file's worth before any gets two.
-        # A step is one file's worth at most (records), and costs at most one unit of budget.
+        # A step is a file's worth at most; a whole file costs one, less than a file its share.
         budget: float = limits.max_ranges_per_batch
         if not self.admitted_before and limits.first_batch_ranges:
             budget = min(budget, limits.first_batch_ranges)
@@ -134,7 +135,9 @@ class Admission:
             for _, tp, admit in due:
                 if grants[tp] < admit:
                     step = min(admit - grants[tp], limits.records)
-                    cost = min(1.0, max(MIN_RANGE_COST, step / unit[tp]))
+                    per_file = file_records[tp]
+                    cost = 1.0 if step >= per_file else max(
+                        MIN_RANGE_COST, step / max(per_file, limits.min_budget_file_records))
                     if cost > budget + 1e-9:
                         continue
                     grants[tp] += step

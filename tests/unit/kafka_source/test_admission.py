@@ -300,10 +300,10 @@ def test_a_batch_takes_at_most_32_ranges_per_file_of_budget():
     assert sum(end.values()) == 8 * 32
 
 
-def test_small_files_count_as_a_file_of_the_floor_so_a_batch_is_not_dwarfed_by_its_fixed_cost():
-    """1M records over 96 partitions, ~10,400 records each, in files of 10,840: a batch of 8 files held
-    87k records, so 12 batches drained it, each paying its fixed cost. With a file's worth counted as at
-    least 100,000 records, a batch holds 800k of them."""
+def test_time_released_ranges_of_small_files_count_as_a_share_of_the_floor():
+    """1M records over 96 partitions, ~10,400 records each, in files of 10,840, all released by time: a
+    batch of 8 held 87k records, so 12 batches drained it, each paying its fixed cost. Less than a file
+    counted as a share of at least 100,000 records, a batch holds 800k of them."""
     parts = [("t", p) for p in range(96)]
     adm = Admission(Thresholds(10_840, 1 << 30, 10.0, 8, None, min_budget_file_records=100_000))
     start = dict.fromkeys(parts, 0)
@@ -313,7 +313,13 @@ def test_small_files_count_as_a_file_of_the_floor_so_a_batch_is_not_dwarfed_by_i
     admitted = sum(end.values())
     assert 700_000 <= admitted <= 800_000, admitted
     assert set(end.values()) == {0, 10_400}, "whole ranges, one per partition"
-    # Files larger than the floor count as themselves: a backlog still gets 8 files a batch.
+
+
+def test_whole_files_cost_one_each_whatever_their_size():
+    """SINK_MAX_FILES_PER_BATCH=3 with files of 1,000 records keeps batches of 3 files (a crash replays
+    at most those), and a backlog of large files gets the budget's count of files."""
+    parts = [("t", p) for p in range(4)]
+    small = Admission(Thresholds(1_000, 1 << 30, 60.0, 3, None, min_budget_file_records=100_000))
+    assert sum(small.plan(dict.fromkeys(parts, 0), dict.fromkeys(parts, 10_000), now=0.0).values()) == 3_000
     big = Admission(Thresholds(250_000, 1 << 30, 10.0, 8, None, min_budget_file_records=100_000))
-    end = big.plan(dict.fromkeys(parts[:4], 0), dict.fromkeys(parts[:4], 1_000_000), now=0.0)
-    assert sum(end.values()) == 8 * 250_000
+    assert sum(big.plan(dict.fromkeys(parts, 0), dict.fromkeys(parts, 1_000_000), now=0.0).values()) == 8 * 250_000
