@@ -44,7 +44,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -130,43 +129,50 @@ def child_files(spec: dict) -> dict:
             "bytes_per_batch": sum(f["bytes"] for b in batches for f in b) / max(1, count)}
 
 
-class _Compactor(threading.Thread):
-    """The driver's background compaction: whenever `due`, compact; records each run."""
+class _Compactor:
+    """The driver's own background compactions (sink_service.driver.delta_compactions.BackgroundCompactions: woken
+    after each batch, and every 10 s while idle), with each compaction timed."""
 
-    def __init__(self, settings, scratch: Path, t0: float, poll_s: float = 1.0) -> None:
-        super().__init__(name="compaction", daemon=True)
-        from uploader.delta_compaction import Compaction
+    def __init__(self, settings, scratch: Path, t0: float) -> None:
+        from sink_service.driver.delta_compactions import BackgroundCompactions
+        from sink_service.driver.metrics import SinkMetrics
 
-        self.compaction = Compaction(settings, scratch)
-        self.t0, self.poll_s = t0, poll_s
-        self.stop = threading.Event()
+        self.background = BackgroundCompactions(settings, scratch, SinkMetrics())
+        self.t0 = t0
         self.runs: list[dict] = []
         self.errors: list[str] = []
         self.retries = 0
+        compaction = self.background.compaction
+        compact = compaction.compact
+
+        def timed(topic, keys, order, on_retry=None, stop=None):
+            sizes = compaction.sizes(topic)
+            started = time.monotonic()
+            try:
+                totals = compact(topic, keys, order, on_retry=self._retried, stop=stop)
+            except Exception as exc:  # recorded, then the driver's handling (retried after the next batch)
+                self.errors.append(f"{type(exc).__name__}: {exc}"[:500])
+                raise
+            self.runs.append({"at_s": round(started - self.t0, 1), "s": round(time.monotonic() - started, 2),
+                              "buckets": totals.get("buckets"), "rows": totals.get("rows"),
+                              "changes_mb": round(sizes.changes / 1e6, 1) if sizes else None,
+                              "table_mb": round(sizes.table / 1e6, 1) if sizes else None,
+                              "rows_copied": totals.get("num_target_rows_copied"),
+                              "rows_updated": totals.get("num_target_rows_updated")})
+            return totals
+
+        compaction.compact = timed
 
     def _retried(self, *_args) -> None:
         self.retries += 1
 
-    def run(self) -> None:
-        from bench.delta_common import ORDER, PRIMARY_KEYS, TOPIC
+    def appended(self, files) -> None:
+        """After a batch's commit, as the driver does."""
+        self.background.appended([f.metadata for f in files])
+        self.background.wake()
 
-        while not self.stop.is_set():
-            try:
-                if not self.compaction.due(TOPIC):
-                    self.stop.wait(self.poll_s)
-                    continue
-                sizes = self.compaction.sizes(TOPIC)
-                started = time.monotonic()
-                totals = self.compaction.compact(TOPIC, PRIMARY_KEYS, ORDER, on_retry=self._retried)
-                self.runs.append({"at_s": round(started - self.t0, 1), "s": round(time.monotonic() - started, 2),
-                                  "buckets": totals.get("buckets"), "rows": totals.get("rows"),
-                                  "changes_mb": round(sizes.changes / 1e6, 1) if sizes else None,
-                                  "table_mb": round(sizes.table / 1e6, 1) if sizes else None,
-                                  "rows_copied": totals.get("num_target_rows_copied"),
-                                  "rows_updated": totals.get("num_target_rows_updated")})
-            except Exception as exc:  # recorded and reported: a compaction failing is a finding, not a crash
-                self.errors.append(f"{type(exc).__name__}: {exc}"[:500])
-                self.stop.wait(self.poll_s)
+    def stop(self) -> None:
+        self.background.stop(timeout_s=600)
 
 
 def child_feed(spec: dict) -> dict:
@@ -193,8 +199,6 @@ def child_feed(spec: dict) -> dict:
     rss_before = max_rss_mb()
     t0 = time.monotonic()
     compactor = _Compactor(settings, Path(spec["scratch"]), t0) if change_log else None
-    if compactor:
-        compactor.start()
     out, stopped = [], None
     for b, files in enumerate(batches):
         due = t0 + (b + 1) * interval
@@ -209,6 +213,8 @@ def child_feed(spec: dict) -> dict:
             break
         details, attempts = target.merge(files, on_retry=retried)
         done = time.monotonic()
+        if compactor:
+            compactor.appended(files)
         last = files[0].metadata.last_offset + 1
         probe_uri = str(changes_dir) if change_log else str(table_dir)
         while DeltaTable(probe_uri).transaction_version(probe_app) != last:  # what a new reader's snapshot holds
@@ -222,8 +228,7 @@ def child_feed(spec: dict) -> dict:
     feed_s = time.monotonic() - t0
     rss_feed = max_rss_mb()
     if compactor:
-        compactor.stop.set()
-        compactor.join()
+        compactor.stop()
     actions = log_actions(table_dir, keyed_before)
     if change_log and changes_dir.exists():
         actions += [{**a, "table": "changes"} for a in log_actions(changes_dir, -1)]
@@ -301,7 +306,7 @@ def child_verify(spec: dict) -> dict:
         out["view"] = {**_check(batches, version, amount), "s": round(time.monotonic() - started, 1),
                        "change_log_rows": pending}
         started = time.monotonic()
-        final = Compaction(settings, Path(spec["scratch"])).compact(TOPIC, PRIMARY_KEYS, ORDER)
+        final = Compaction(settings, Path(spec["scratch"]), keep_applied_s=0).compact(TOPIC, PRIMARY_KEYS, ORDER)
         out["final_compaction"] = {"s": round(time.monotonic() - started, 1), "rows": final.get("rows"),
                                    "change_log_rows_after": DeltaTable(
                                        settings.changes_uri_for(TOPIC)).to_pyarrow_dataset().count_rows()}
