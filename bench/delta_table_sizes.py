@@ -501,6 +501,16 @@ def markdown(report: dict) -> str:
                 f"{s['fresh_p50_s']}/{s['fresh_p99_s']} | {comp} | {s['written_gb_per_h']} "
                 f"({s['written_ratio']}x) | {s['retained_gb_at_168h']} | {s['peak_rss_mb']:,.0f} | "
                 f"{('ok' if view.get('ok') else 'WRONG') if view else '-'} | {run.get('other_load_cores')} |")
+    lines += ["", "Bytes written by commit kind (MB), and the compactions (s, rows, change log MB / keyed table MB "
+              "when due):", ""]
+    for keys, case in sorted(report["sizes"].items(), key=lambda kv: int(kv[0])):
+        run = case.get("change-log") or {}
+        if "summary" in run:
+            kinds = ", ".join(f"{k} {v:,.0f}" for k, v in run["summary"]["written_mb_by_kind"].items() if v)
+            comps = "; ".join(f"{c['s']} s, {c['rows'] or 0:,}, {c['changes_mb']}/{c['table_mb']}"
+                              for c in run["compactions"][:12])
+            more = f" (+{len(run['compactions']) - 12} more)" if len(run["compactions"]) > 12 else ""
+            lines.append(f"- {int(keys):,} keys: {kinds}. Compactions: {comps}{more}.")
     if report.get("scaling"):
         lines += ["", "Instance scaling (appends to one change log, as fast as they go, no compaction):", "",
                   "| instances | records | s | records/s | speedup | commits | conflicts retried | check |",
@@ -532,7 +542,13 @@ def main(argv: list[str] | None = None) -> int:
                         "the largest size of --keys)")
     parser.add_argument("--no-final-check", action="store_true", help="skip the view/table check")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for delta_table_sizes.{json,md}")
+    parser.add_argument("--render", action="store_true", help="only rewrite the .md from the .json")
     args = parser.parse_args(argv)
+    if args.render:
+        report = json.loads((args.out / "delta_table_sizes.json").read_text())
+        (args.out / "delta_table_sizes.md").write_text(markdown(report))
+        print(markdown(report))
+        return 0
     if args.child:
         step, spec = args.child[0], json.loads(args.child[1])
         print(json.dumps(STEPS[step](spec)))
