@@ -235,6 +235,10 @@ class DeltaTarget:
         """The Delta table this target writes a topic's files into."""
         return self.settings.uri_for(topic)
 
+    def _commit_info(self, pieces: Sequence[_Piece]) -> dict[str, str]:
+        """More of the commit's info (DeltaTable.history()) than the files it applied."""
+        return {}
+
     def _progress_elsewhere(self, topic: str, app_id: str) -> int | None:
         """A partition's progress held by another table that counts as this one's (the change log's keyed table)."""
         return None
@@ -316,7 +320,7 @@ class DeltaTarget:
             commit = CommitProperties(
                 app_transactions=[Transaction(app_id, end) for app_id, end in ends.items()],
                 max_commit_retries=0,
-                custom_metadata={META_FILES: json.dumps(applied)},
+                custom_metadata={META_FILES: json.dumps(applied), **self._commit_info(pieces)},
             )
             read_version = table.version()
             keys, order = pieces[0].metadata.primary_keys, pieces[0].metadata.order_column

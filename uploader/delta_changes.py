@@ -21,6 +21,7 @@ widening, bad values, exactly-once checks, conflicts retried.
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -30,10 +31,13 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
-from uploader.delta import _FILE, DeltaTarget, _in_small_batches, latest_per_key
+from uploader.delta import _FILE, DeltaTarget, _in_small_batches, _Piece, latest_per_key
 from uploader.delta_settings import BUCKET, DeltaSettings
 
 CHANGE_VERSION = "_change_version"  # the change log's version that appended the row: later wins on a tie
+# Each append's commit info names the keys and order column its rows are merged by: a compaction after a restart
+# finds them there before any new batch (keys may come from the Kafka key, known only from the files).
+META_KEYS = "kafka_parquet_sink.keys"
 _KEY_SEPARATOR = "\x1f"
 
 
@@ -91,6 +95,10 @@ class ChangeLogTarget(DeltaTarget):
     def _partition_by(self) -> tuple[str, ...]:
         return (BUCKET,)
 
+    def _commit_info(self, pieces: Sequence[_Piece]) -> dict[str, str]:
+        m = pieces[0].metadata
+        return {META_KEYS: json.dumps({"primary_keys": list(m.primary_keys), "order_column": m.order_column})}
+
     def _write(self, table: DeltaTable, rows: pa.Table, keys: Sequence[str], order: str | None,
                commit: CommitProperties, pin: str | None = None) -> dict[str, Any]:
         if keys:
@@ -108,3 +116,13 @@ class ChangeLogTarget(DeltaTarget):
 def delta_target(settings: DeltaSettings) -> DeltaTarget:
     """The target the settings ask for: the change log in change-log mode, else the keyed table itself."""
     return ChangeLogTarget(settings) if settings.change_log else DeltaTarget(settings)
+
+
+def merged_by(changes: DeltaTable, commits: int = 100) -> tuple[tuple[str, ...], str | None] | None:
+    """The keys and order column the change log's latest appends were merged by (None if none in `commits`)."""
+    for commit in changes.history(limit=commits):
+        text = commit.get(META_KEYS)
+        if text:
+            found = json.loads(text)
+            return tuple(found["primary_keys"]), found["order_column"]
+    return None

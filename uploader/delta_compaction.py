@@ -36,7 +36,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
 from uploader.delta import _FILE, CONFLICT, DeltaTarget, _Piece, _with_every_column, classify_error
-from uploader.delta_changes import CHANGE_VERSION, pending
+from uploader.delta_changes import CHANGE_VERSION, merged_by, pending
 from uploader.delta_maintenance import maintain
 from uploader.delta_settings import BUCKET, DeltaSettings
 from uploader.delta_storage import storage_options
@@ -78,6 +78,11 @@ class Compaction:
             return None
         keyed = self.keyed._open(self.settings.uri_for(topic))
         return Sizes(_bytes(changes), _bytes(keyed) if keyed is not None else 0)
+
+    def merged_by(self, topic: str) -> tuple[tuple[str, ...], str | None] | None:
+        """The keys and order column of the topic's change log (from its appends' commit info); None without one."""
+        changes = self._changes(topic)
+        return merged_by(changes) if changes is not None else None
 
     def due(self, topic: str, now: float | None = None) -> bool:
         """The change log holds `compact_at_ratio` of the keyed table's bytes, or the last compaction is

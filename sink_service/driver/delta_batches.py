@@ -124,6 +124,8 @@ class DeltaBatches:
         must not hold up the query's start (or a SIGTERM meanwhile); the batches' merges meet the outage anyway."""
         with self._lock:
             self._leftovers = {}
+        if self.compactions is not None:
+            self.compactions.known({topic for topic, _ in positions})
         thread = threading.Thread(target=self.clean, args=(positions,), name="delta-staging-clean", daemon=True)
         thread.start()
         return thread

@@ -33,11 +33,19 @@ class BackgroundCompactions:
     def __init__(self, settings: DeltaSettings, scratch: Path, metrics: SinkMetrics) -> None:
         self.compaction = Compaction(settings, scratch / "delta-compaction")
         self.metrics = metrics
-        self._tables: dict[str, tuple[tuple[str, ...], str | None]] = {}  # topic -> (keys, order)
+        # topic -> (keys, order); None until found: a table known at the start, whose keys its change log names
+        self._tables: dict[str, tuple[tuple[str, ...], str | None] | None] = {}
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._failure: FatalUploadError | None = None
+
+    def known(self, topics: set[str]) -> None:
+        """At a query's start: the assigned topics, whose change logs may hold changes from before a restart
+        that no new batch will bring up (compacted within the max interval all the same)."""
+        for topic in topics:
+            self._tables.setdefault(topic, None)
+        self.wake()
 
     def appended(self, files: list[FileMetadata]) -> None:
         """The topics a batch appended to, with their keys: what a compaction merges them by."""
@@ -77,11 +85,14 @@ class BackgroundCompactions:
             if not self._stop.is_set():
                 self._round(dict(self._tables))
 
-    def _round(self, tables: dict[str, tuple[tuple[str, ...], str | None]]) -> None:
-        for topic, (keys, order) in sorted(tables.items()):
+    def _round(self, tables: dict[str, tuple[tuple[str, ...], str | None] | None]) -> None:
+        for topic, merged_by in sorted(tables.items()):
             try:
-                if not self.compaction.due(topic):
+                if merged_by is None:
+                    merged_by = self._tables[topic] = self._tables.get(topic) or self.compaction.merged_by(topic)
+                if merged_by is None or not self.compaction.due(topic):
                     continue
+                keys, order = merged_by
                 started = time.monotonic()
                 result = self.compaction.compact(topic, keys, order, stop=self._stop)
                 took = time.monotonic() - started

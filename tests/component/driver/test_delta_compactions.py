@@ -69,3 +69,15 @@ def test_a_failure_that_may_pass_is_retried_and_a_fatal_one_stops_the_next_batch
     with pytest.raises(FatalUploadError, match="refused"):
         background.check()
     assert background.stop(5.0)
+
+
+def test_after_a_restart_changes_no_new_batch_brings_up_are_compacted_by_the_keys_the_change_log_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the chaos test: every record was committed before the last restart, so no batch appended, and the
+    restarted service never learned the table or its keys (they may come from the Kafka key)."""
+    settings, background, metrics = _setup(tmp_path, monkeypatch)
+    ChangeLogTarget(settings).merge(_files(tmp_path, [[(k, {"amount": k}) for k in range(5)]]))
+    background.known({TOPIC})  # the query's start, before any batch
+    _wait(lambda: _ok(metrics) >= 1)
+    assert background._tables[TOPIC] == (("id",), "_offset")
+    assert background.stop(5.0)
