@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FORMAT_NAME = "kafka_tp_ranges"
+# Small ranges a task processes at once (threads): their uploads overlap (see `read`).
+RANGES_IN_FLIGHT = 4
 PENDING_STATE_FILE = "pending.json"
 
 
@@ -211,17 +213,36 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
 
     # --- reading, decoding, writing, uploading (executor side) ------------------------------------
     def read(self, partition: KafkaRangePartition) -> Iterator[pa.RecordBatch]:
-        """One outcome row per range, range after range: the records stay in this Python worker."""
+        """One outcome row per range, in the task's order: the records stay in this Python worker.
+
+        Small ranges are fetched together (`range_reader.read_groups`) and then processed up to
+        `RANGES_IN_FLIGHT` at a time, each in a thread of its own: a range of a few thousand records
+        spends most of its time waiting for its upload (the endpoint's work), which other ranges'
+        decoding and uploads now overlap. A batch holds one range per partition, so each partition's
+        files are still uploaded one at a time, in offset order. A larger range is processed alone.
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        from sink_service.logs import configure_worker
         from sink_service.task.partition_task import process_range
-        from sink_service.task.range_reader import consumer_config, read_ranges
+        from sink_service.task.range_reader import consumer_config, read_groups
         from uploader.column_types import decode_schema
 
         o = self.options
         config = consumer_config(o.client_config, o.group_id)
         spec = o.task_spec()
+        configure_worker(spec.logging)  # before any thread: once per worker process
         floors = {planned.range: planned.column_types for planned in partition.ranges}
-        for rng, read in read_ranges([planned.range for planned in partition.ranges], config, o.read_batch_max_bytes):
-            yield process_range(spec, rng, read, decode_schema(floors[rng]))
+        for group in read_groups([planned.range for planned in partition.ranges], config, o.read_batch_max_bytes):
+            if len(group) == 1:
+                [(rng, read)] = group
+                yield process_range(spec, rng, read, decode_schema(floors[rng]))
+                continue
+            with ThreadPoolExecutor(min(RANGES_IN_FLIGHT, len(group)), thread_name_prefix="sink-range") as pool:
+                outcomes = [pool.submit(process_range, spec, rng, read, decode_schema(floors[rng]))
+                            for rng, read in group]
+                for outcome in outcomes:
+                    yield outcome.result()
         _freeze_worker_heap()
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterator
@@ -107,14 +108,16 @@ class TaskSpec:
 
 
 _targets: dict[Hashable, UploadTarget] = {}
+_targets_lock = threading.Lock()  # a task processes several ranges at once (datasource.read)
 
 
 def _target(spec: TaskSpec) -> UploadTarget:
-    """One target (and its HTTP connection pool) per Python worker, reused across tasks."""
-    target = _targets.get(spec.target_settings)
-    if target is None:
-        target = _targets[spec.target_settings] = spec.build_target(spec.target_settings)
-    return target
+    """One target (and its HTTP connection pool) per Python worker, reused across tasks and threads."""
+    with _targets_lock:
+        target = _targets.get(spec.target_settings)
+        if target is None:
+            target = _targets[spec.target_settings] = spec.build_target(spec.target_settings)
+        return target
 
 
 class _StopRange(Exception):

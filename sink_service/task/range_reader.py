@@ -19,6 +19,7 @@ import contextlib
 import gc
 import logging
 import operator
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
@@ -47,6 +48,9 @@ RECONNECT_AFTER_S = 10.0
 UNREADABLE_HEADERS = "\x00unreadable-headers"
 
 _consumers: dict[tuple[tuple[str, str], ...], Consumer] = {}
+# A task may process several ranges at once (threads, see `datasource.read`); the cached consumer
+# serves one read at a time.
+_reading = threading.RLock()
 _access: dict[tuple[tuple[str, str], ...], AccessWatch] = {}
 
 
@@ -164,6 +168,11 @@ def read_range(rng: Range, config: Mapping[str, object], max_batch_bytes: int) -
     A batch holds at most `BATCH_RECORDS` records and, past its first record, at most
     `max_batch_bytes` of keys and values: memory stays flat whether records are 100 B or 1 MB.
     """
+    with _reading:
+        yield from _read_alone(rng, config, max_batch_bytes)
+
+
+def _read_alone(rng: Range, config: Mapping[str, object], max_batch_bytes: int) -> Iterator[pa.RecordBatch]:
     consumer = _consumer(config)
     consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
     # Tens of thousands of message objects per batch would trigger the cyclic garbage collector
@@ -239,27 +248,27 @@ def read_range(rng: Range, config: Mapping[str, object], max_batch_bytes: int) -
 Read = Callable[[Range], Iterator[pa.RecordBatch]]
 
 
-def read_ranges(ranges: Sequence[Range], config: Mapping[str, object],
-                max_batch_bytes: int) -> Iterator[tuple[Range, Read]]:
-    """Each of a task's ranges in turn, with the reader that yields its records (`read_range`'s batches).
+def read_groups(ranges: Sequence[Range], config: Mapping[str, object],
+                max_batch_bytes: int) -> Iterator[list[tuple[Range, Read]]]:
+    """A task's ranges in the given order, in groups, each range with the reader that yields its records
+    (`read_range`'s batches). A group of several ranges is fetched before it is handed on.
 
     One range after another, each read alone, paid a fetch round trip, an assign and an unassign per
     range: with many partitions each range is small (96 partitions at 20k records/s: ~1,000 records
     every 5 s) and those fixed costs, paid serially in one task per core, set the latency. So ranges
     that together hold at most `GROUP_RECORDS` records (and `max_batch_bytes`, the bound of one read
-    batch) are fetched together, from one assignment of all their partitions, before the first is
-    processed; a larger range is read as it is processed. Processing (decode, files, uploads) stays
-    range by range, in the given order, so each partition's files are uploaded one at a time in
-    offset order as before. A range the joint fetch did not finish (its bytes passed the bound, an
-    error, silence) is continued by `read_range` from where it stopped, which reports its failure.
+    batch) are fetched together, from one assignment of all their partitions; a larger range is a
+    group alone, read as it is processed. A range the joint fetch did not finish (its bytes passed the
+    bound, an error, silence) is continued by `read_range` from where it stopped, which reports its
+    failure for that range alone.
     """
     for group in _groups(ranges):
         if len(group) == 1:
-            yield group[0], lambda rng: read_range(rng, config, max_batch_bytes)
+            yield [(group[0], lambda rng: read_range(rng, config, max_batch_bytes))]
             continue
-        fetched = _fetch_together(group, config, max_batch_bytes)
-        for rng in group:
-            yield rng, _prefetched(rng, *fetched.pop(rng), config, max_batch_bytes)
+        with _reading:
+            fetched = _fetch_together(group, config, max_batch_bytes)
+        yield [(rng, _prefetched(rng, *fetched.pop(rng), config, max_batch_bytes)) for rng in group]
 
 
 def _groups(ranges: Sequence[Range]) -> list[list[Range]]:
