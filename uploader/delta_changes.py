@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
-from uploader.delta import _FILE, DeltaTarget, _in_small_batches, _Piece, latest_per_key
+from uploader.delta import _FILE, BadValues, DeltaFile, DeltaTarget, _in_small_batches, _Piece, latest_per_key
 from uploader.delta_settings import BUCKET, DeltaSettings
 
 CHANGE_VERSION = "_change_version"  # the change log's version that appended the row: later wins on a tie
@@ -73,13 +73,25 @@ class ChangeLogTarget(DeltaTarget):
     def __init__(self, settings: DeltaSettings) -> None:
         super().__init__(settings)
         self._keyed = DeltaTarget(settings)  # the keyed table: its progress counts (a table written in merge mode)
+        self._keyed_now: dict[str, DeltaTable | None] = {}  # topic -> the keyed table, read once per attempt
 
     def uri_for(self, topic: str) -> str:
         return self.settings.changes_uri_for(topic)
 
+    def _apply(self, files: Sequence[DeltaFile], uri: str, by_hand: bool = False,
+               on_bad_values: BadValues | None = None) -> dict[str, Any]:
+        self._keyed_now.clear()
+        return super()._apply(files, uri, by_hand, on_bad_values)
+
+    def covered_to(self, topic: str, partition: int) -> int | None:
+        self._keyed_now.clear()
+        return super().covered_to(topic, partition)
+
     def _progress_elsewhere(self, topic: str, app_id: str) -> int | None:
         """A keyed table written in merge mode before holds its partitions' progress itself."""
-        table = self._keyed._open(self.settings.uri_for(topic))
+        if topic not in self._keyed_now:
+            self._keyed_now[topic] = self._keyed._open(self.settings.uri_for(topic))
+        table = self._keyed_now[topic]
         return table.transaction_version(app_id) if table is not None else None
 
     def _new_table_schema(self, rows: pa.Schema, topic: str) -> pa.Schema:
