@@ -19,7 +19,7 @@ from py4j.protocol import Py4JError
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
-from sink_service.startup import java_home, spark_home
+from sink_service.startup import java_home, planner_workers, spark_home
 from sink_service.startup.stop_signals import sigterm_ignored_by_children
 
 if TYPE_CHECKING:
@@ -90,6 +90,7 @@ def start_spark(config: SinkConfig, extra_java_options: Sequence[str] = ()) -> S
         spark = _session(settings, config.spark_auth_secret)
     spark.sparkContext.setLogLevel(config.spark_log_level)
     _skip_static_source_lookup(spark)
+    planner_workers.release_after_planning(spark)
     from sink_service.kafka_source.datasource import KafkaRangeDataSource
 
     spark.dataSource.register(KafkaRangeDataSource)
