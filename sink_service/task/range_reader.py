@@ -36,7 +36,7 @@ from sink_service.task.ranges import Range
 log = logging.getLogger(__name__)
 
 BATCH_RECORDS = 20_000
-# A task's ranges that together hold at most this many records are fetched together (`read_ranges`).
+# A task's ranges that together hold at most this many records are fetched together (`read_groups`).
 GROUP_RECORDS = BATCH_RECORDS
 # A planned range lies below the last stable offset, so silence this long means trouble.
 STALL_TIMEOUT_S = 120.0
@@ -49,7 +49,7 @@ UNREADABLE_HEADERS = "\x00unreadable-headers"
 
 _consumers: dict[tuple[tuple[str, str], ...], Consumer] = {}
 # A task may process several ranges at once (threads, see `datasource.read`); the cached consumer
-# serves one read at a time.
+# serves one read at a time (a reader holds it until its range is read).
 _reading = threading.RLock()
 _access: dict[tuple[tuple[str, str], ...], AccessWatch] = {}
 
