@@ -53,7 +53,7 @@ KEEP_APPLIED_S = 60.0
 
 @dataclass(frozen=True)
 class Sizes:
-    """Bytes of the change log's files not yet compacted, and of the keyed table."""
+    """Bytes of the change log's files holding changes not yet compacted, and of the keyed table."""
 
     changes: int
     table: int
@@ -77,7 +77,8 @@ class Compaction:
         if changes is None:
             return None
         keyed = self.keyed._open(self.settings.uri_for(topic))
-        return Sizes(_bytes(changes), _bytes(keyed) if keyed is not None else 0)
+        applied = {b: _applied(keyed, self.settings.compaction_app_id(b)) for b in range(self.settings.buckets)}
+        return Sizes(_pending_bytes(changes, applied), _bytes(keyed) if keyed is not None else 0)
 
     def merged_by(self, topic: str) -> tuple[tuple[str, ...], str | None] | None:
         """The keys and order column of the topic's change log (from its appends' commit info); None without one."""
@@ -223,6 +224,19 @@ class Compaction:
 
 def _applied(table: DeltaTable | None, app_id: str) -> int | None:
     return table.transaction_version(app_id) if table is not None else None
+
+
+def _pending_bytes(changes: DeltaTable, applied: dict[int, int | None]) -> int:
+    """Bytes of the change-log files holding a row above its bucket's applied version (by the files' statistics:
+    an append writes one file per bucket, all of one version). Rows applied and kept for readers do not count."""
+    actions = pa.table(changes.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return 0
+    newest = actions.column(f"max.{CHANGE_VERSION}").to_pylist()
+    buckets = actions.column(f"partition.{BUCKET}").to_pylist()
+    sizes = actions.column("size_bytes").to_pylist()
+    return sum(size for size, bucket, version in zip(sizes, buckets, newest, strict=True)
+               if version is None or applied.get(int(bucket)) is None or version > applied[int(bucket)])
 
 
 def _bytes(table: DeltaTable) -> int:
