@@ -330,6 +330,7 @@ def child_scale(spec: dict) -> dict:
     if (wait := spec["start"] - time.time()) > 0:
         time.sleep(wait)
     started = time.time()
+    cpu0 = time.process_time()
     seconds = []
     for files in batches:
         t = time.monotonic()
@@ -338,7 +339,7 @@ def child_scale(spec: dict) -> dict:
     return {"started": started, "ended": time.time(), "records": sum(f.metadata.record_count for b in batches
                                                                       for f in b),
             "commits": len(batches), "retries": len(retries), "retry_reasons": sorted(set(map(str, retries))),
-            "append_s": seconds, "peak_rss_mb": round(max_rss_mb(), 1)}
+            "append_s": seconds, "cpu_s": round(time.process_time() - cpu0, 2), "peak_rss_mb": round(max_rss_mb(), 1)}
 
 
 def child_scale_check(spec: dict) -> dict:
@@ -458,6 +459,7 @@ def run_scaling(base: Path, manifest: Path, batches: int, writers_list: list[int
             wall = max(r["ended"] for r in results) - min(r["started"] for r in results)
             records = sum(r["records"] for r in results)
             case.update(records=records, wall_s=round(wall, 2), records_per_s=round(records / wall),
+                        cores=round(sum(r["cpu_s"] for r in results) / wall, 2),
                         retries=sum(r["retries"] for r in results), commits=sum(r["commits"] for r in results),
                         check=run_child("scale_check", spec, timeout))
         out.append(case)
@@ -467,6 +469,16 @@ def run_scaling(base: Path, manifest: Path, batches: int, writers_list: list[int
     if len(out) >= 2 and out[0].get("records_per_s") and out[1].get("records_per_s"):
         out[1]["speedup"] = round(out[1]["records_per_s"] / out[0]["records_per_s"], 2)
     return out
+
+
+def _order(item: tuple[str, dict]) -> tuple[int, str]:
+    return int(item[0].split()[0]), item[0]
+
+
+def _label(key: str) -> str:
+    """A size's key in the report: N, or N and a tag (`--tag`: a run of other code or settings)."""
+    number, _, tag = key.partition(" ")
+    return f"{int(number):,}" + (f" ({tag})" if tag else "")
 
 
 def markdown(report: dict) -> str:
@@ -481,13 +493,14 @@ def markdown(report: dict) -> str:
              "fresh p50/p99 s | compactions: n, p50/max s, busy | written GB/h (x updates) | retained at 168 h GB | "
              "peak RSS MB | view check | other load |",
              "|---:|---|---:|---|---|---|---|---|---|---|---:|---:|---|---:|"]
-    for keys, case in sorted(report["sizes"].items(), key=lambda kv: int(kv[0])):
+    for label, case in sorted(report["sizes"].items(), key=_order):
+        keys = _label(label)
         for mode in ("change-log", "merge"):
             run = case.get(mode)
             if not run:
                 continue
             if run.get("error"):
-                lines.append(f"| {int(keys):,} | {mode} | | failed: {run['error']} |||||||||||")
+                lines.append(f"| {keys} | {mode} | | failed: {run['error']} |||||||||||")
                 continue
             s, build = run["summary"], case["build_" + ("bucketed" if mode == "change-log" else "plain")]
             check = run.get("verify", {})
@@ -495,7 +508,7 @@ def markdown(report: dict) -> str:
             comp = (f"{s['compactions']}, {s['compaction_p50_s']}/{s['compaction_max_s']}, "
                     f"{s['compaction_busy_share']:.0%}" if s["compactions"] else "-")
             lines.append(
-                f"| {int(keys):,} | {mode} | {build['table_bytes'] / 1e6:,.0f} | {s['batches']} "
+                f"| {keys} | {mode} | {build['table_bytes'] / 1e6:,.0f} | {s['batches']} "
                 f"({s['feed_s'] / 60:.1f}) | {'yes' if s['kept_up'] else 'NO'} | {s['late_first_third_s']}/"
                 f"{s['late_last_third_s']} | {s['append_p50_s']}/{s['append_p99_s']}/{s['append_max_s']} | "
                 f"{s['fresh_p50_s']}/{s['fresh_p99_s']} | {comp} | {s['written_gb_per_h']} "
@@ -503,24 +516,25 @@ def markdown(report: dict) -> str:
                 f"{('ok' if view.get('ok') else 'WRONG') if view else '-'} | {run.get('other_load_cores')} |")
     lines += ["", "Bytes written by commit kind (MB), and the compactions (s, rows, change log MB / keyed table MB "
               "when due):", ""]
-    for keys, case in sorted(report["sizes"].items(), key=lambda kv: int(kv[0])):
+    for label, case in sorted(report["sizes"].items(), key=_order):
+        keys = _label(label)
         run = case.get("change-log") or {}
         if "summary" in run:
             kinds = ", ".join(f"{k} {v:,.0f}" for k, v in run["summary"]["written_mb_by_kind"].items() if v)
             comps = "; ".join(f"{c['s']} s, {c['rows'] or 0:,}, {c['changes_mb']}/{c['table_mb']}"
                               for c in run["compactions"][:12])
             more = f" (+{len(run['compactions']) - 12} more)" if len(run["compactions"]) > 12 else ""
-            lines.append(f"- {int(keys):,} keys: {kinds}. Compactions: {comps}{more}.")
+            lines.append(f"- {keys} keys: {kinds}. Compactions: {comps}{more}.")
     if report.get("scaling"):
         lines += ["", "Instance scaling (appends to one change log, as fast as they go, no compaction):", "",
-                  "| instances | records | s | records/s | speedup | commits | conflicts retried | check |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---|"]
+                  "| instances | records | s | records/s | speedup | cores used | commits | retried | check |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for c in report["scaling"]["cases"]:
             if "records_per_s" not in c:
                 lines.append(f"| {c['writers']} | failed: {c['instances']} |||||||")
                 continue
             lines.append(f"| {c['writers']} | {c['records']:,} | {c['wall_s']} | {c['records_per_s']:,} | "
-                         f"{c.get('speedup', '')} | {c['commits']} | {c['retries']} | "
+                         f"{c.get('speedup', '')} | {c.get('cores', '')} | {c['commits']} | {c['retries']} | "
                          f"{'ok' if c['check'].get('ok') else c['check']} |")
         lines.append(f"\n(keys: {report['scaling']['keys']:,}; other load, cores: "
                      f"{[c.get('other_load_cores') for c in report['scaling']['cases']]})")
@@ -543,6 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-final-check", action="store_true", help="skip the view/table check")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for delta_table_sizes.{json,md}")
     parser.add_argument("--render", action="store_true", help="only rewrite the .md from the .json")
+    parser.add_argument("--tag", default="", help="kept beside the size in the report (a run of other code/settings)")
     args = parser.parse_args(argv)
     if args.render:
         report = json.loads((args.out / "delta_table_sizes.json").read_text())
@@ -575,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
         work = WORK / str(keys)
         work.mkdir(parents=True, exist_ok=True)
         case: dict = {"keys": keys, "started_at": time.strftime("%Y-%m-%d %H:%M %Z"), "minutes": args.minutes}
-        report["sizes"][str(keys)] = case
+        report["sizes"][f"{keys} {args.tag}".strip()] = case
         timeout = 1800 + keys / 5000
         manifest = work / "manifest.json"
         want_merge = args.merge_batches != "none"
