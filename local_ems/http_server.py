@@ -51,6 +51,10 @@ class EmsHttpServer(ThreadingHTTPServer):
         self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
 
     def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
+        # The handler writes a response's headers and its body apart: with Nagle's algorithm the body waits for the
+        # client's delayed ACK of the headers, ~40 ms on every request (an upload of 1,000 rows: 52 ms median,
+        # 7.7 ms with TCP_NODELAY).
+        request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self._connections_lock:
             self._connections.add(request)
         super().process_request(request, client_address)  # type: ignore[arg-type]
