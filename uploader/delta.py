@@ -212,7 +212,7 @@ class DeltaTarget:
                 lambda attempt: self._apply(files, uri, by_hand, on_bad_values), self.settings.retry, on_retry)
             cached = self._tables.get(uri)
             if details.get("committed_version") and cached is not None:  # after our commit; never raises
-                maintenance = maintain(cached[0], self.settings, details["committed_version"])
+                maintenance = maintain(cached[0], self._maintenance_settings(), details["committed_version"])
                 if maintenance:
                     details = {**details, "maintenance": maintenance}
         return details, attempts
@@ -234,6 +234,10 @@ class DeltaTarget:
     def uri_for(self, topic: str) -> str:
         """The Delta table this target writes a topic's files into."""
         return self.settings.uri_for(topic)
+
+    def _maintenance_settings(self) -> DeltaSettings:
+        """What maintenance runs after this target's commits (delta_maintenance)."""
+        return self.settings
 
     def _commit_info(self, pieces: Sequence[_Piece]) -> dict[str, str]:
         """More of the commit's info (DeltaTable.history()) than the files it applied."""

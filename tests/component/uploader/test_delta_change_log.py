@@ -210,3 +210,13 @@ def test_a_compaction_is_due_at_its_share_of_the_table_or_after_its_interval(tmp
     last = compaction._last[settings.uri_for(TOPIC)]
     assert not compaction.due(TOPIC, now=last + 1), "one row is far below half the table"
     assert compaction.due(TOPIC, now=last + 31), "the interval passed with changes pending"
+
+
+def test_the_change_log_is_never_optimized(tmp_path: Path) -> None:
+    """Small-file compaction would mix applied and pending rows in one file (bench/delta_table_sizes at 10M keys)."""
+    settings = _settings(tmp_path, compact_every_commits=1)
+    target = ChangeLogTarget(settings)
+    for n in range(3):
+        target.merge(_files(tmp_path / str(n), [[(k, {"amount": n}) for k in range(20)]], start=20 * n))
+    operations = [c["operation"] for c in DeltaTable(settings.changes_uri_for(TOPIC)).history()]
+    assert "OPTIMIZE" not in operations and operations.count("WRITE") == 3
