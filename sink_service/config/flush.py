@@ -31,7 +31,6 @@ class FlushSettings:
         "SINK_POLL_INTERVAL_MS", "Micro-batch trigger interval: how often thresholds are checked.",
         1000, minimum=50, group="Flush")
     max_files_per_batch: int = setting(
-        "SINK_MAX_FILES_PER_BATCH", "Most files admitted into one micro-batch: a whole file counts one, less "
-        "than a file (released by time) its share of a file counted as at least 100,000 records, and at least "
-        "1/32; bounds batch duration, time to the first commit and how much is replayed after a crash.", 8, minimum=1,
+        "SINK_MAX_FILES_PER_BATCH", "Most offset ranges (files) admitted into one micro-batch; "
+        "bounds batch duration, time to the first commit and how much is replayed after a crash.", 8, minimum=1,
         group="Flush")

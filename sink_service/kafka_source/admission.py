@@ -15,17 +15,6 @@ With riders, time-driven batches come at least half an interval apart, however m
 there are. The price, at high rates: one burst of files per interval instead of several smaller
 ones, so the last file of a burst arrives later (80k records/s: p99 6.5 -> 8.4 s).
 
-A batch's budget (`max_ranges_per_batch`) counts files: a whole file costs one, and the part of a
-file that time releases (less than a file: a quiet partition, or the tail of a busy one) costs its
-share of a file, counted as at least `min_budget_file_records` records, and at least `MIN_RANGE_COST`.
-Counting every range as one let a batch take 8 of 96 partitions due by time, each waiting about 12
-batches for its turn (p99 12 s at a 5 s interval); and with small files (1M records over 96
-partitions in files of 10,840) batches of 8 held 87k records, and their own fixed cost set the pace.
-Whole files still cost one each, so a backlog's batches hold SINK_MAX_FILES_PER_BATCH files as set;
-what time releases adds at most that many files' worth of at least 100,000 records.
-This pays only because a task fetches its small ranges together (`task.range_reader.read_ranges`):
-with a fetch round trip per range, one batch of 96 ranges was slower than 12 batches of 8.
-
 Pure logic, no Kafka: unit-tested directly.
 """
 
@@ -35,11 +24,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 TopicPartition = tuple[str, int]
-# The least a range costs of a batch's budget, however few records it holds: a range still has fixed
-# costs (a file, an upload, an outcome), so a batch takes at most 32 ranges per file's worth of budget.
-MIN_RANGE_COST = 1 / 32
-# The service's floor for a file's worth of budget: about 0.4 s of a task's work (SINK_FLUSH_RECORDS' default).
-MIN_BUDGET_FILE_RECORDS = 100_000
 
 
 @dataclass(frozen=True)
@@ -47,13 +31,10 @@ class Thresholds:
     records: int
     bytes: int
     interval_s: float
-    max_ranges_per_batch: int  # in files' worth of records: one range may hold several, or a share of one
+    max_ranges_per_batch: int  # in files' worth of records: one partition's range may hold several
     # The first batch after a start holds one wave of files (one per core), so the first commit,
     # and readiness, come after seconds rather than after a whole backlog.
     first_batch_ranges: int | None = None
-    # Less than a file costs its share of a file counted as at least this many records, so small
-    # time-released ranges do not make batches whose fixed cost dominates (0: a file is a file).
-    min_budget_file_records: int = 0
 
 
 @dataclass
@@ -94,7 +75,6 @@ class Admission:
         estimates = bytes_per_record or {}
         # (since, partition, records due by a threshold, records pending), oldest first
         candidates: list[tuple[float, TopicPartition, int, int]] = []
-        file_records: dict[TopicPartition, int] = {}  # a file's worth of records, by the byte estimate
         new_since = now if self.last_plan_at is None else self.last_plan_at
         rider_age = limits.interval_s / 2
         for tp, begin in start.items():
@@ -107,7 +87,6 @@ class Admission:
             estimate = estimates.get(tp[0])
             if estimate:
                 records_per_file = max(1, min(records_per_file, int(limits.bytes / estimate)))
-            file_records[tp] = records_per_file
             timed_out = now - since >= limits.interval_s
             # By count or size only whole files are admitted; by time, everything pending.
             admit = pending if timed_out else (pending // records_per_file) * records_per_file
@@ -125,23 +104,18 @@ class Admission:
         due = [entry for entry in due if entry[2] > 0]
         end = dict(start)
         # Oldest pending data first; every due partition gets one file's worth before any gets two.
-        # A step is a file's worth at most; a whole file costs one, less than a file its share.
-        budget: float = limits.max_ranges_per_batch
+        budget = limits.max_ranges_per_batch
         if not self.admitted_before and limits.first_batch_ranges:
             budget = min(budget, limits.first_batch_ranges)
         grants = {tp: 0 for _, tp, _ in due}
         while budget > 0:
             progressed = False
             for _, tp, admit in due:
+                if budget == 0:
+                    break
                 if grants[tp] < admit:
-                    step = min(admit - grants[tp], limits.records)
-                    per_file = file_records[tp]
-                    cost = 1.0 if step >= per_file else max(
-                        MIN_RANGE_COST, step / max(per_file, limits.min_budget_file_records))
-                    if cost > budget + 1e-9:
-                        continue
-                    grants[tp] += step
-                    budget -= cost
+                    grants[tp] = min(admit, grants[tp] + limits.records)
+                    budget -= 1
                     progressed = True
             if not progressed:
                 break

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit
 
-from sink_service.kafka_source.admission import MIN_BUDGET_FILE_RECORDS, Admission, Thresholds
+from sink_service.kafka_source.admission import Admission, Thresholds
 from sink_service.kafka_source.planner_hints import PlannerHints
 from sink_service.kafka_source.positions import OffsetGapError, flatten, nest
 from sink_service.task.ranges import Range
@@ -155,7 +155,7 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
             o = self.options
             self._admission = Admission(
                 Thresholds(o.flush_records, o.flush_bytes, o.flush_interval_ms / 1000, o.max_files_per_batch,
-                           o.executor_cores, MIN_BUDGET_FILE_RECORDS)
+                           o.executor_cores)
             )
         return self._offsets
 
