@@ -5,7 +5,7 @@ one broker). Each backlog is the benchmark's workload (8 partitions, 130 B JSON 
 service starts; the service runs with its default thresholds until every partition's committed offset
 equals its end offset, while the RSS of its process tree is sampled every 0.2 s.
 
-On tansu, which honours fetch byte limits, the peak must stay under MEMORY_BOUND_MB and the 4M peak within
+On tansu, which honours fetch byte limits, the peak must stay under MEMORY_BOUND_MB[target] and the 4M peak within
 10% of the 1M peak: the bound does not grow with the backlog. noida-db ignores fetch limits and returns a
 partition's whole backlog in one response, so there the peak grows with the backlog; only completion is
 asserted and the peaks are printed.
@@ -39,8 +39,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.memory]
 MB = 1024 * 1024
 BACKLOGS = (1_000_000, 4_000_000)
 PARTITIONS = 8
-# The documented bound (README "Memory", RELIABILITY.md) on a broker that honours fetch limits.
-MEMORY_BOUND_MB = 1_750
+# The documented bounds (README "Memory", RELIABILITY.md) on a broker that honours fetch limits, by target:
+# measured 1,029 MB at 1M and 4M with EMS (28 Nov 2026); the Delta target's driver also holds a merge.
+MEMORY_BOUND_MB = {"ems": 1_250, "delta": 1_750}
 MAX_GROWTH = 1.10  # the 4M peak over the 1M peak
 DRAIN_TIMEOUT_S = 900
 
@@ -117,5 +118,5 @@ def test_peak_memory_does_not_grow_with_the_backlog(broker: str, target: str, em
     if broker == "noida":
         return  # noida-db sends a partition's whole backlog per fetch: its peak is the broker's, not ours
     small, large = (peaks[n]["peak_mb"] for n in BACKLOGS)
-    assert small < MEMORY_BOUND_MB and large < MEMORY_BOUND_MB, peaks
+    assert small < MEMORY_BOUND_MB[target] and large < MEMORY_BOUND_MB[target], peaks
     assert large <= small * MAX_GROWTH, f"peak grew with the backlog: {peaks}"
