@@ -3,7 +3,7 @@
 Why it keeps the bytes written near the updates': a compaction rewrites the keyed table's files (copy-on-write),
 so it runs only once the change log holds `compact_at_ratio` of the keyed table's bytes (or after
 `compact_max_interval_s`). The bytes written per update are then about 1 (the append) + 1 / ratio (the rewrite):
-5x at the default 0.25, whatever the table's size.
+about 4.3x at the default 0.30, whatever the table's size.
 
 One bucket at a time, each a merge pinned to its `_bucket` partition: it reads and rewrites only that bucket's
 files, its source is the bucket's changes (memory ~ the change log / buckets), and two writers compacting

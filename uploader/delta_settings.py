@@ -57,7 +57,7 @@ class DeltaSettings:
     # `_bucket`, takes them in per-bucket compactions once the change log holds `compact_at_ratio` of its bytes.
     change_log: bool = False
     buckets: int = 16
-    compact_at_ratio: float = 0.25
+    compact_at_ratio: float = 0.30
     compact_max_interval_s: float = 600.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 

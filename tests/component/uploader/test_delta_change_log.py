@@ -220,3 +220,31 @@ def test_the_change_log_is_never_optimized(tmp_path: Path) -> None:
         target.merge(_files(tmp_path / str(n), [[(k, {"amount": n}) for k in range(20)]], start=20 * n))
     operations = [c["operation"] for c in DeltaTable(settings.changes_uri_for(TOPIC)).history()]
     assert "OPTIMIZE" not in operations and operations.count("WRITE") == 3
+
+
+def test_an_append_that_loses_its_commit_race_is_tried_again_at_once(tmp_path: Path, monkeypatch) -> None:
+    """Two instances append every few seconds: a lost race is re-read and retried without the backoff of the outer
+    retries (bench: 0.64x with two instances, one append waiting 5.3 s); a real rival commit in between too."""
+    from uploader.delta import DeltaTarget
+    from uploader.errors import RetryableUploadError
+
+    settings = _settings(tmp_path)
+    target = ChangeLogTarget(settings)
+    real = DeltaTarget._apply
+    rivals = [lambda: ChangeLogTarget(settings).merge(_files(tmp_path / "rival", [[(9, {"amount": 9})]]))]
+    lost = []
+
+    def racing(self, *args, **kwargs):
+        if rivals:  # another instance commits right before ours: ours conflicts
+            rivals.pop()()
+            lost.append(1)
+            raise RetryableUploadError("another writer committed first", reason="delta_conflict")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(DeltaTarget, "_apply", racing)
+    retried: list = []
+    details, attempts = target.merge(_files(tmp_path / "ours", [[(1, {"amount": 1})]], start=1),
+                                     on_retry=lambda *a: retried.append(a))
+    assert lost == [1] and attempts == 1 and not retried, "retried at once, inside one attempt of the caller"
+    assert not details["skipped"]
+    assert sorted(_view(settings)) == [1, 9]
