@@ -46,7 +46,9 @@ def _deliver_two_topics(bootstrap, ems, unique, service_env, services, **overrid
     # Spark's search for pip-installed data sources is skipped: it cost a Python process on the
     # start-up path and left it idle, with its daemon, for the whole run.
     workers = descendant_commands(service.pid)
-    assert any("create_data_source" in cmdline for cmdline in workers), workers  # the driver's planners are seen
+    # The streaming planner is seen (the planning steps' processes are ended once the query planned:
+    # tests/e2e/test_planner_processes.py).
+    assert any("python_streaming_source_runner" in cmdline for cmdline in workers), workers
     assert not [cmdline for cmdline in workers if "lookup_data_sources" in cmdline], workers
     # What `ps` shows any local user and every monitoring agent: no secret on any command line of
     # this machine (the driver's spark-submit, launcher and JVM, the cluster's daemons and executors).
