@@ -6,9 +6,13 @@ written grew with the table, not with the updates (bench/README.md, *Delta table
 (`SINK_DELTA_CHANGE_LOG=true`):
 
 - a micro-batch's rows, the latest per key, are APPENDED to a second Delta table beside the keyed one,
-  `<table>__changes`, partitioned by `_bucket` (a hash of the primary key) and stamped `_change_version`, the
-  change log's version of that commit. The commit carries every partition's application transaction, as a
-  merge does, so a replay is never appended twice and the Kafka commit follows it;
+  `<table>__changes`, partitioned by `_bucket` (a hash of the primary key) and stamped `_change_version`, one
+  above the change-log version they were written on. The commit carries every partition's application
+  transaction, as a merge does, so a replay is never appended twice and the Kafka commit follows it. delta-rs
+  rebases an append over other instances' appends (a commit carrying one of its application transactions still
+  fails it), so the commit may land above its stamp: a stamp orders one key's rows (a partition's appends follow
+  one another) and is no version by itself. Which rows a compaction has applied is read from the commits'
+  stamps (`Stamps`);
 - the keyed table (partitioned by `_bucket`) takes the change log in per-bucket compactions
   (uploader.delta_compaction) once the change log holds a share of its bytes, each a merge pinned to one
   bucket that records the change-log version it applied as the bucket's application transaction;
@@ -45,11 +49,14 @@ from uploader.delta import (
 from uploader.delta_settings import BUCKET, DeltaSettings
 from uploader.errors import RetryableUploadError
 
-CHANGE_VERSION = "_change_version"  # the change log's version that appended the row: later wins on a tie
+CHANGE_VERSION = "_change_version"  # one above the change-log version the row was written on: later wins a tie
 # Each append's commit info names the keys and order column its rows are merged by: a compaction after a restart
 # finds them there before any new batch (keys may come from the Kafka key, known only from the files).
 META_KEYS = "kafka_parquet_sink.keys"
+# ... and the stamp of its rows, which sits below the commit's version when delta-rs rebased the append.
+META_STAMP = "kafka_parquet_sink.change_version"
 APPEND_TRIES_AT_ONCE = 3
+APPEND_COMMIT_RETRIES = 25  # rebases over other writers' commits: each is one more log entry read, nothing rewritten
 _KEY_SEPARATOR = "\x1f"
 
 
@@ -68,15 +75,59 @@ def buckets_of(rows: pa.Table, keys: Sequence[str], buckets: int) -> pa.Array:
     return pa.array([zlib.crc32(v.encode()) % buckets for v in key_text(rows, keys).to_pylist()], pa.int32())
 
 
-def pending(changes: DeltaTable, applied: Mapping[int, int | None]) -> pa.Table:
-    """The change log's rows of the buckets `applied` names, above each one's compacted version (None: all)."""
+def pending(changes: DeltaTable, floors: Mapping[int, int | None]) -> pa.Table:
+    """The change log's rows of the buckets `floors` names, at or above each one's floor (`Stamps.floors`; None:
+    all)."""
     condition = None
-    for bucket, version in applied.items():
+    for bucket, floor in floors.items():
         clause = ds.field(BUCKET) == bucket
-        if version is not None:
-            clause = clause & (ds.field(CHANGE_VERSION) > version)
+        if floor is not None:
+            clause = clause & (ds.field(CHANGE_VERSION) >= floor)
         condition = clause if condition is None else condition | clause
     return changes.to_pyarrow_dataset().to_table(filter=condition)
+
+
+class Stamps:
+    """The stamps of the change log's appends, read from their commit infos once per version (a log entry never
+    changes): which rows a compaction through a version has not applied.
+
+    A row appended after version `a` carries a stamp of at least `floor(a)`, the lowest stamp of the appends
+    committed after `a` (or `a + 1`). Rows below it were committed at or below `a`: applied by a compaction through
+    `a`. At or above it may be rows committed before `a` too (a rebased append's stamp sits below its version):
+    taking them again is harmless, since a merge keeps the row with the highest order value, and without an order
+    column the later stamp of the same key wins, whose row the clean-up never deletes before the earlier one's (it
+    deletes below a floor, and one key's rows come from one partition, whose appends follow one another)."""
+
+    def __init__(self) -> None:
+        self._of: dict[int, int | None] = {}  # version -> its rows' stamp (None: no append of this mode's)
+
+    def floors(self, changes: DeltaTable, applied: Mapping[int, int | None]) -> dict[int, int | None]:
+        """Per bucket, the lowest stamp of a row appended after its applied version, as of the snapshot `changes`
+        (None: every row may be pending: the bucket was never compacted, or the log no longer reaches back)."""
+        known = [a for a in applied.values() if a is not None]
+        if not known:
+            return dict.fromkeys(applied)
+        newest = changes.version()
+        self._read(changes, min(known) + 1, newest)
+        floors: dict[int, int | None] = {}
+        for bucket, after in applied.items():
+            versions = range(after + 1, newest + 1) if after is not None else None
+            if versions is None or any(v not in self._of for v in versions):
+                floors[bucket] = None
+                continue
+            floors[bucket] = min([after + 1, *(s for v in versions if (s := self._of[v]) is not None)])
+        return floors
+
+    def _read(self, changes: DeltaTable, first: int, last: int) -> None:
+        missing = [v for v in range(first, last + 1) if v not in self._of]
+        if missing:
+            for commit in changes.history(limit=last - missing[0] + 1):
+                version = commit.get("version")
+                if isinstance(version, int) and first <= version <= last:  # (deltalake numbers past 0 too)
+                    stamp = commit.get(META_STAMP)
+                    self._of[version] = int(stamp) if stamp is not None else None
+        for version in [v for v in self._of if v < first]:  # below the oldest applied version: never asked again
+            del self._of[version]
 
 
 class ChangeLogTarget(DeltaTarget):
@@ -93,8 +144,10 @@ class ChangeLogTarget(DeltaTarget):
     def _apply(self, files: Sequence[DeltaFile], uri: str, by_hand: bool = False,
                on_bad_values: BadValues | None = None) -> dict[str, Any]:
         """An append that lost its commit race is tried again at once, a few times, before the backoff of the
-        caller's retries: two instances appending every few seconds meet often, and each try re-reads the
-        transactions, as a retry after a wait would (bench: one append waited 5.3 s of backoff in 4 tries)."""
+        caller's retries. delta-rs rebases it over other appends; what still fails it is a commit that removed
+        files (the clean-up of applied rows, after each compaction: delta-rs's appends are not blind) or one
+        carrying its application transactions (a zombie's). Each try re-reads the transactions, as a retry after
+        a wait would."""
         for attempt in range(1, APPEND_TRIES_AT_ONCE + 1):
             self._keyed_now.clear()
             try:
@@ -144,12 +197,14 @@ class ChangeLogTarget(DeltaTarget):
         if keys:
             rows = latest_per_key(rows, keys, order, file_column=_FILE)
         rows = rows.drop_columns([_FILE])
-        # max_commit_retries=0: the commit is the next version or none, so the stamp is its version.
+        stamp = table.version() + 1
         stamped = {BUCKET: buckets_of(rows, keys, self.settings.buckets),
-                   CHANGE_VERSION: pa.repeat(pa.scalar(table.version() + 1, pa.int64()), rows.num_rows)}
+                   CHANGE_VERSION: pa.repeat(pa.scalar(stamp, pa.int64()), rows.num_rows)}
         for name, values in stamped.items():
             rows = rows.set_column(rows.schema.get_field_index(name), name, values)
-        write_deltalake(table, _in_small_batches(rows), mode="append", schema_mode="merge", commit_properties=commit)
+        rebased = CommitProperties(app_transactions=commit.app_transactions, max_commit_retries=APPEND_COMMIT_RETRIES,
+                                   custom_metadata={**(commit.custom_metadata or {}), META_STAMP: str(stamp)})
+        write_deltalake(table, _in_small_batches(rows), mode="append", schema_mode="merge", commit_properties=rebased)
         return {"num_target_rows_inserted": rows.num_rows}
 
 

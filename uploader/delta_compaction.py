@@ -12,11 +12,12 @@ different buckets commit beside each other.
 Exactly once per bucket: the merge's commit carries the application transaction
 `kafka-parquet-sink/<group>/compacted-changes/<bucket>` = the change-log version it applied through, and is made
 with `max_commit_retries=0` after re-reading that transaction; a rival's compaction in between fails it and the
-retry starts from the rival's progress. Rows of a bucket at or below its transaction are deleted from the
-change log (by predicate, whole files: nothing rewritten) once that transaction is KEEP_APPLIED_S old: a reader
-takes two snapshots (the keyed table's and the change log's), and one that took the keyed table's before the
-compaction committed still finds the changes in the change log's. A crash in between leaves rows the view and the
-next compaction both skip, since the transaction says they are applied.
+retry starts from the rival's progress. The rows still to apply are those at or above the floor of the appends
+committed since (uploader.delta_changes.Stamps: a rebased append's stamp sits below its version). Rows of a bucket
+below that floor are deleted from the change log (by predicate, whole files: nothing rewritten) once the
+transaction is KEEP_APPLIED_S old: a reader takes two snapshots (the keyed table's and the change log's), and one
+that took the keyed table's before the compaction committed still finds the changes in the change log's. A crash
+in between leaves rows the view and the next compaction both skip, since the floor says they are applied.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
 from uploader.delta import _FILE, CONFLICT, DeltaTarget, _Piece, _with_every_column, classify_error
-from uploader.delta_changes import CHANGE_VERSION, merged_by, pending
+from uploader.delta_changes import CHANGE_VERSION, Stamps, merged_by, pending
 from uploader.delta_maintenance import maintain
 from uploader.delta_settings import BUCKET, DeltaSettings
 from uploader.delta_storage import storage_options
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 # Applied rows stay in the change log this long after the compaction that applied them: readers whose two
 # snapshots are taken at most this far apart never miss a change (README, *Delta Lake target*).
 KEEP_APPLIED_S = 60.0
+DELETE_TRIES_AT_ONCE = 3  # the clean-up loses to an append into its buckets (delta-rs): re-read, tried again at once
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class Compaction:
         self.scratch = scratch
         self.keep_applied_s = keep_applied_s
         self._last: dict[str, float] = {}  # uri -> when its last compaction ended (monotonic)
+        self._stamps: dict[str, Stamps] = {}  # uri -> its change log's stamps
         # uri -> (when, each bucket's applied version) after each compaction, oldest first: what may be deleted
         self._applied: dict[str, list[tuple[float, dict[int, int | None]]]] = {}
 
@@ -76,9 +79,10 @@ class Compaction:
         changes = self._changes(topic)
         if changes is None:
             return None
-        keyed = self.keyed._open(self.settings.uri_for(topic))
+        uri = self.settings.uri_for(topic)
+        keyed = self.keyed._open(uri)
         applied = {b: _applied(keyed, self.settings.compaction_app_id(b)) for b in range(self.settings.buckets)}
-        return Sizes(_pending_bytes(changes, applied), _bytes(keyed) if keyed is not None else 0)
+        return Sizes(_pending_bytes(changes, self._floors(uri, changes, applied)), _bytes(keyed) if keyed else 0)
 
     def merged_by(self, topic: str) -> tuple[tuple[str, ...], str | None] | None:
         """The keys and order column of the topic's change log (from its appends' commit info); None without one."""
@@ -140,7 +144,7 @@ class Compaction:
         keyed = self.keyed._open(uri)
         try:
             done = {b: _applied(keyed, self.settings.compaction_app_id(b)) for b in buckets}
-            rows = pending(changes, done)
+            rows = pending(changes, self._floors(uri, changes, done))
             if rows.num_rows == 0:
                 return {}
             if keyed is None:
@@ -195,9 +199,14 @@ class Compaction:
         fitted = fitted.append_column(_FILE, versions.cast(pa.int32()))
         return _with_every_column(fitted, pa.schema(keyed.schema().to_arrow()))
 
+    def _floors(self, uri: str, changes: DeltaTable, applied: dict[int, int | None]) -> dict[int, int | None]:
+        return self._stamps.setdefault(uri, Stamps()).floors(changes, applied)
+
     def _delete_applied(self, changes: DeltaTable, uri: str) -> None:
         """Delete from the change log the rows the keyed table's bucket transactions said it held at least
-        `keep_applied_s` ago (this process's compactions: after a restart, from its first one on)."""
+        `keep_applied_s` ago (this process's compactions: after a restart, from its first one on): those below
+        the floor of the appends committed since, read on the snapshot the delete commits from (a later append
+        is not in it, so never deleted)."""
         keyed = self.keyed._open(uri)
         if keyed is None:
             return
@@ -210,33 +219,37 @@ class Compaction:
             return
         done = old[-1]
         history[:] = [(at, d) for at, d in history if now - at < self.keep_applied_s]
-        clauses = [f"(`{BUCKET}` = {b} AND `{CHANGE_VERSION}` <= {v})" for b, v in done.items() if v is not None]
-        if not clauses:
-            return
-        try:
-            changes.update_incremental()
-            changes.delete(" OR ".join(clauses), commit_properties=CommitProperties(max_commit_retries=5))
-        except Exception as exc:  # never fails the compaction: the view and the next one skip applied rows
-            history.insert(0, (now - self.keep_applied_s, done))  # deleted by the next compaction
-            log.warning("could not delete compacted rows from the change log of %s (the next compaction "
-                        "will): %s", uri, exc)
+        for attempt in range(1, DELETE_TRIES_AT_ONCE + 1):
+            try:
+                changes.update_incremental()
+                floors = self._floors(uri, changes, done)
+                clauses = [f"(`{BUCKET}` = {b} AND `{CHANGE_VERSION}` < {floor})"
+                           for b, floor in floors.items() if floor is not None]
+                if clauses:
+                    changes.delete(" OR ".join(clauses), commit_properties=CommitProperties(max_commit_retries=5))
+                return
+            except Exception as exc:  # never fails the compaction: the view and the next one skip applied rows
+                if attempt == DELETE_TRIES_AT_ONCE:
+                    history.insert(0, (now - self.keep_applied_s, done))  # deleted by the next compaction
+                    log.warning("could not delete compacted rows from the change log of %s (the next compaction "
+                                "will): %s", uri, exc)
 
 
 def _applied(table: DeltaTable | None, app_id: str) -> int | None:
     return table.transaction_version(app_id) if table is not None else None
 
 
-def _pending_bytes(changes: DeltaTable, applied: dict[int, int | None]) -> int:
-    """Bytes of the change-log files holding a row above its bucket's applied version (by the files' statistics:
-    an append writes one file per bucket, all of one version). Rows applied and kept for readers do not count."""
+def _pending_bytes(changes: DeltaTable, floors: dict[int, int | None]) -> int:
+    """Bytes of the change-log files holding a row at or above its bucket's floor (by the files' statistics: an
+    append writes one file per bucket, all of one stamp). Rows applied and kept for readers do not count."""
     actions = pa.table(changes.get_add_actions(flatten=True))
     if actions.num_rows == 0:
         return 0
     newest = actions.column(f"max.{CHANGE_VERSION}").to_pylist()
     buckets = actions.column(f"partition.{BUCKET}").to_pylist()
     sizes = actions.column("size_bytes").to_pylist()
-    return sum(size for size, bucket, version in zip(sizes, buckets, newest, strict=True)
-               if version is None or applied.get(int(bucket)) is None or version > applied[int(bucket)])
+    return sum(size for size, bucket, stamp in zip(sizes, buckets, newest, strict=True)
+               if stamp is None or floors.get(int(bucket)) is None or stamp >= floors[int(bucket)])
 
 
 def _bytes(table: DeltaTable) -> int:

@@ -2,7 +2,8 @@
 
 The keyed table alone is as fresh as its last compaction (uploader.delta_compaction); the change log holds
 every micro-batch since, appended before the Kafka commit. The current rows are, per primary key, the latest of
-the key's row in the keyed table and its rows in the change log above its bucket's compacted version, under the
+the key's row in the keyed table and its rows in the change log not yet applied to it (at or above its bucket's
+floor, uploader.delta_changes.Stamps), under the
 merge's rule: the highest order value wins and a tie keeps the earlier (the keyed table's, then the lower change
 version); without an order column the latest change wins. Under hard deletes a winning `_deleted` row means the
 key has no row. README's *Delta Lake target* gives the same view as SQL for other engines.
@@ -22,7 +23,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from uploader.column_types import conform, join_schemas
 from uploader.delta import DELETED, latest_per_key
-from uploader.delta_changes import CHANGE_VERSION, key_text
+from uploader.delta_changes import CHANGE_VERSION, Stamps, key_text
 from uploader.delta_changes import pending as changes_pending
 from uploader.delta_settings import DeltaSettings
 from uploader.delta_storage import storage_options
@@ -44,9 +45,9 @@ def current_batches(settings: DeltaSettings, topic: str, keys: Sequence[str],
             return None
         schema = pa.schema(keyed.schema().to_arrow())
         return schema, iter(keyed.to_pyarrow_dataset().to_batches())
-    pending = changes_pending(changes, {
-        b: keyed.transaction_version(settings.compaction_app_id(b)) if keyed is not None else None
-        for b in range(settings.buckets)})
+    applied = {b: keyed.transaction_version(settings.compaction_app_id(b)) if keyed is not None else None
+               for b in range(settings.buckets)}
+    pending = changes_pending(changes, Stamps().floors(changes, applied))
     schema = pa.schema(changes.schema().to_arrow())
     schema = schema.remove(schema.get_field_index(CHANGE_VERSION))
     if keyed is not None:

@@ -223,8 +223,9 @@ def test_the_change_log_is_never_optimized(tmp_path: Path) -> None:
 
 
 def test_an_append_that_loses_its_commit_race_is_tried_again_at_once(tmp_path: Path, monkeypatch) -> None:
-    """Two instances append every few seconds: a lost race is re-read and retried without the backoff of the outer
-    retries (bench: 0.64x with two instances, one append waiting 5.3 s); a real rival commit in between too."""
+    """A lost race (to the clean-up of applied rows, or to a zombie's append of the same partition: delta-rs rebases
+    only over other appends) is re-read and retried without the backoff of the outer retries; a real rival commit
+    in between too."""
     from uploader.delta import DeltaTarget
     from uploader.errors import RetryableUploadError
 
@@ -248,3 +249,70 @@ def test_an_append_that_loses_its_commit_race_is_tried_again_at_once(tmp_path: P
     assert lost == [1] and attempts == 1 and not retried, "retried at once, inside one attempt of the caller"
     assert not details["skipped"]
     assert sorted(_view(settings)) == [1, 9]
+
+
+def _with_rival_inside_our_append(monkeypatch, rival) -> None:
+    """Run `rival` once, inside the next change-log append: after its rows are stamped, before its commit."""
+    import uploader.delta_changes as delta_changes
+
+    real = delta_changes.write_deltalake
+    pending_rival = [rival]
+
+    def racing(*args, **kwargs):
+        if pending_rival:
+            pending_rival.pop()()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(delta_changes, "write_deltalake", racing)
+
+
+def test_two_instances_appending_at_once_both_commit_without_a_conflict(tmp_path: Path, monkeypatch) -> None:
+    """Appends are rebased by delta-rs over another instance's commits instead of failing (bench: two instances
+    appended at 0.64x one instance, the loser re-reading and re-writing its batch after each lost race)."""
+    from uploader.delta import DeltaTarget
+
+    settings = _settings(tmp_path)
+    _with_rival_inside_our_append(monkeypatch, lambda: ChangeLogTarget(settings).merge(
+        _files(tmp_path / "rival", [[(9, {"amount": 9})]], partition=1)))
+    real_apply, tries = DeltaTarget._apply, []
+    monkeypatch.setattr(DeltaTarget, "_apply", lambda self, *a, **kw: tries.append(1) or real_apply(self, *a, **kw))
+    details, _ = ChangeLogTarget(settings).merge(_files(tmp_path / "ours", [[(1, {"amount": 1})]]))
+    assert len(tries) == 2, "the rival's append and ours, each tried once"
+    changes = DeltaTable(settings.changes_uri_for(TOPIC))
+    ours = [r for r in changes.to_pyarrow_table().to_pylist() if r["id"] == 1]
+    assert details["version"] == changes.version() and ours[0][CHANGE_VERSION] < details["version"], \
+        "our rows keep the stamp of the snapshot they were written on"
+    assert sorted(_view(settings)) == [1, 9]
+    assert changes.transaction_version(APP_ID) == 1 and changes.transaction_version(
+        f"kafka-parquet-sink/g/{TOPIC}/1") == 1
+
+
+def test_an_append_stamped_below_a_compaction_that_committed_meanwhile_is_applied_and_kept_until_then(
+        tmp_path: Path, monkeypatch) -> None:
+    """Our rows are stamped on the snapshot they were written on; a rival appends and a compaction applies the change
+    log through the rival's version before ours commits. Ours sits below that version: the view, the next
+    compaction and the clean-up must still treat it as pending, by the commits' stamps, not by its stamp alone."""
+    settings = _settings(tmp_path)
+
+    def rival_then_compaction() -> None:  # keeping what it applied (a clean-up now would fail our append outright)
+        ChangeLogTarget(settings).merge(_files(tmp_path / "rival", [[(9, {"amount": 9})]], partition=1))
+        Compaction(settings, tmp_path / "scratch", keep_applied_s=3600).compact(TOPIC, ("id",), "_offset")
+
+    ChangeLogTarget(settings).merge(_files(tmp_path / "first", [[(1, {"amount": 0}), (2, {"amount": 0})]]))
+    _with_rival_inside_our_append(monkeypatch, rival_then_compaction)
+    details, _ = ChangeLogTarget(settings).merge(_files(tmp_path / "ours", [[(1, {"amount": 1})]], start=2))
+    changes = DeltaTable(settings.changes_uri_for(TOPIC))
+    ours = [r for r in changes.to_pyarrow_table().to_pylist() if r["id"] == 1 and r["amount"] == 1]
+    keyed = DeltaTable(settings.uri_for(TOPIC))
+    bucket = ours[0][BUCKET]
+    assert ours[0][CHANGE_VERSION] <= keyed.transaction_version(settings.compaction_app_id(bucket)) < details["version"]
+    assert _view(settings)[1]["amount"] == 1, "the view shows our update"
+    cleaning = Compaction(settings, tmp_path / "scratch", keep_applied_s=0)
+    cleaning._delete_applied(DeltaTable(settings.changes_uri_for(TOPIC)), settings.uri_for(TOPIC))
+    assert {r["amount"] for r in DeltaTable(settings.changes_uri_for(TOPIC)).to_pyarrow_table().to_pylist()
+            if r["id"] == 1} == {1}, "the clean-up deleted the applied row of key 1, not ours"
+    cleaning.compact(TOPIC, ("id",), "_offset")  # applies ours, then deletes it
+    keyed = DeltaTable(settings.uri_for(TOPIC))
+    assert {r["id"]: r["amount"] for r in keyed.to_pyarrow_table().to_pylist()} == {1: 1, 2: 0, 9: 9}
+    assert DeltaTable(settings.changes_uri_for(TOPIC)).to_pyarrow_table().num_rows == 0
+    assert _view(settings)[1]["amount"] == 1

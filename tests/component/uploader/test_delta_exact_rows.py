@@ -30,10 +30,10 @@ Record = dict[str, Any]  # the record's value fields; `None` for a tombstone (so
 
 
 def _files(tmp: Path, phases: Sequence[Sequence[tuple[int, Record | None]]], *, bookkeeping: bool = False,
-           start: int = 0, keys: tuple[str, ...] = ("id",)) -> list[DeltaFile]:
+           start: int = 0, keys: tuple[str, ...] = ("id",), partition: int = 0) -> list[DeltaFile]:
     """One file per phase, in offset order, written as a task writes them for a Delta table."""
     closed: list[ClosedFile] = []
-    writer = PartitionFileWriter(tmp / "files" / str(start), TOPIC, 0, max_bytes=1 << 30, max_records=1 << 30,
+    writer = PartitionFileWriter(tmp / "files" / str(start), TOPIC, partition, max_bytes=1 << 30, max_records=1 << 30,
                                  compression="zstd", on_close=closed.append,
                                  bookkeeping=("_offset",) if bookkeeping else (), typed_table=True)
     offset = start
@@ -48,7 +48,7 @@ def _files(tmp: Path, phases: Sequence[Sequence[tuple[int, Record | None]]], *, 
             writer.append(pa.Table.from_pylist([row]))
         writer.finish()
     return [DeltaFile(c.path, FileMetadata(
-        topic=TOPIC, partition=0, first_offset=c.first_offset, last_offset=c.last_offset,
+        topic=TOPIC, partition=partition, first_offset=c.first_offset, last_offset=c.last_offset,
         record_count=c.record_count, target_table=TOPIC, primary_keys=keys,
         order_column="_offset" if not bookkeeping else "version",
         schema_fingerprint=c.schema_fingerprint)) for c in closed]
