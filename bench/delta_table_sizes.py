@@ -28,7 +28,9 @@ test broker cannot hold a long topic; bench/README), calling what the service's 
    `--merge-batches` batches at most (10M keys cannot keep a 5 s cadence), stopped once 60 s behind;
 6. `scaling` (once, on a copy of the largest size's keyed table): 1 and 2 processes appending the same batches to one
    change log (process w owns the Kafka partitions p % W == w) as fast as they can, no compaction: records/s,
-   conflicts retried, and each partition's transaction and the change log's row count checked.
+   conflicts retried, and each partition's transaction and the change log's row count checked. With
+   `--scaling-pin` also with instance w pinned to core w (a core per instance, as instances on their own hosts
+   have: one instance already uses more than one of this machine's two cores).
 
 Each step runs in its own process (peak RSS its own); `other load` is the CPU the rest of the machine used
 meanwhile, in cores. Writes bench/results/delta_table_sizes.{json,md} (results of sizes not run this time are kept);
@@ -326,6 +328,8 @@ def child_scale(spec: dict) -> dict:
     batches = [[f for f in files if f.metadata.partition % writers == w]
                for files in _delta_files(manifest, spec["batches"])]
     target = ChangeLogTarget(_settings(spec["table"], change_log=True))
+    if spec.get("pin"):
+        os.sched_setaffinity(0, {w % (os.cpu_count() or 1)})
     retries = []
     if (wait := spec["start"] - time.time()) > 0:
         time.sleep(wait)
@@ -435,7 +439,8 @@ def summarise(feed: dict, interval: float, build: dict) -> dict:
     }
 
 
-def run_scaling(base: Path, manifest: Path, batches: int, writers_list: list[int], timeout: float) -> list[dict]:
+def run_scaling(base: Path, manifest: Path, batches: int, writers_list: list[int], timeout: float,
+                pin: bool = False) -> list[dict]:
     out = []
     for writers in writers_list:
         table = WORK / f"scale_{writers}"
@@ -444,7 +449,7 @@ def run_scaling(base: Path, manifest: Path, batches: int, writers_list: list[int
         shutil.copytree(base, table)
         start = time.time() + 8  # both imported and ready before the clock starts
         spec = {"table": str(table), "manifest": str(manifest), "batches": batches, "writers": writers,
-                "start": start}
+                "start": start, "pin": pin}
         sampler_ps = [start_child("scale", {**spec, "writer": w}) for w in range(writers)]
         sampler = ProcessTreeSampler(os.getpid()).__enter__()
         results = []
@@ -453,7 +458,7 @@ def run_scaling(base: Path, manifest: Path, batches: int, writers_list: list[int
             results.append(json.loads(stdout.strip().splitlines()[-1]) if p.returncode == 0
                            else {"error": f"exit code {p.returncode}"})
         sampler.stop()
-        case: dict = {"writers": writers, "instances": results,
+        case: dict = {"writers": writers, "pinned": pin, "instances": results,
                       "other_load_cores": round(sampler.other_cpu_s / sampler.wall_s, 2) if sampler.wall_s else None}
         if not any("error" in r for r in results):
             wall = max(r["ended"] for r in results) - min(r["started"] for r in results)
@@ -463,7 +468,8 @@ def run_scaling(base: Path, manifest: Path, batches: int, writers_list: list[int
                         retries=sum(r["retries"] for r in results), commits=sum(r["commits"] for r in results),
                         check=run_child("scale_check", spec, timeout))
         out.append(case)
-        log(f"scaling x{writers}: " + json.dumps({k: v for k, v in case.items() if k != "instances"}))
+        summary = {k: v for k, v in case.items() if k != "instances"}
+        log(f"scaling x{writers}{' pinned' if pin else ''}: " + json.dumps(summary))
         shutil.rmtree(table, ignore_errors=True)
         shutil.rmtree(Path(str(table) + "__changes"), ignore_errors=True)
     if len(out) >= 2 and out[0].get("records_per_s") and out[1].get("records_per_s"):
@@ -485,7 +491,7 @@ def markdown(report: dict) -> str:
     lines = [f"## Delta tables of 100k to 10M keys, live (issue #40; {report['updated_at']})", "",
              f"Machine: {report['machine']}. Feed: {report['settings']['rate']:,} records/s, a micro-batch of "
              f"{PARTITIONS} files every {report['settings']['interval']} s, every row an update of a uniformly drawn "
-             "key; change-log mode with the default settings (16 buckets, compact at 0.25, max interval 600 s). "
+             "key; change-log mode with the default settings (16 buckets, compact at 0.30, max interval 600 s). "
              "`late`: batch start - due (first / last third of the run); fresh: due -> visible to a new reader; "
              "written/h and ratio: Parquet bytes added to both tables per hour and over the updates' Parquet bytes; "
              "retained at 168 h: table + growth per hour x 168 (no vacuum in the run).", "",
@@ -528,12 +534,13 @@ def markdown(report: dict) -> str:
     if report.get("scaling"):
         lines += ["", "Instance scaling (appends to one change log, as fast as they go, no compaction):", "",
                   "| instances | records | s | records/s | speedup | cores used | commits | retried | check |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
         for c in report["scaling"]["cases"]:
+            name = f"{c['writers']}{', a core each' if c.get('pinned') else ''}"
             if "records_per_s" not in c:
-                lines.append(f"| {c['writers']} | failed: {c['instances']} |||||||")
+                lines.append(f"| {name} | failed: {c['instances']} |||||||")
                 continue
-            lines.append(f"| {c['writers']} | {c['records']:,} | {c['wall_s']} | {c['records_per_s']:,} | "
+            lines.append(f"| {name} | {c['records']:,} | {c['wall_s']} | {c['records_per_s']:,} | "
                          f"{c.get('speedup', '')} | {c.get('cores', '')} | {c['commits']} | {c['retries']} | "
                          f"{'ok' if c['check'].get('ok') else c['check']} |")
         lines.append(f"\n(keys: {report['scaling']['keys']:,}; other load, cores: "
@@ -552,6 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=20_000, help="records per second")
     parser.add_argument("--interval", type=int, default=5, help="seconds between micro-batches")
     parser.add_argument("--scaling-batches", type=int, default=12, help="batches appended in the scaling run (0: none)")
+    parser.add_argument("--scaling-pin", action="store_true", help="also run the scaling with a core per instance")
     parser.add_argument("--scaling-keys", type=int, default=None, help="table size of the scaling run (default: "
                         "the largest size of --keys)")
     parser.add_argument("--no-final-check", action="store_true", help="skip the view/table check")
@@ -608,9 +616,9 @@ def main(argv: list[str] | None = None) -> int:
             save()
             continue
         if keys == scaling_keys and args.scaling_batches:
-            report["scaling"] = {"keys": keys, "batches": args.scaling_batches,
-                                 "cases": run_scaling(work / "base_bucketed", manifest, args.scaling_batches, [1, 2],
-                                                      timeout)}
+            cases = [c for pin in ((False, True) if args.scaling_pin else (False,))
+                     for c in run_scaling(work / "base_bucketed", manifest, args.scaling_batches, [1, 2], timeout, pin)]
+            report["scaling"] = {"keys": keys, "batches": args.scaling_batches, "cases": cases}
             save()
         runs = [("change-log", "bucketed", cl_batches, None)]
         if want_merge and "error" not in case["build_plain"]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import pathlib
+import random
 import tempfile
 import threading
 import time
@@ -64,8 +65,13 @@ class Sizes:
 class Compaction:
     """Compacts one topic's change log into its keyed table; one instance per driver, called from one thread."""
 
-    def __init__(self, settings: DeltaSettings, scratch: pathlib.Path, keep_applied_s: float = KEEP_APPLIED_S) -> None:
+    def __init__(self, settings: DeltaSettings, scratch: pathlib.Path, keep_applied_s: float = KEEP_APPLIED_S,
+                 first_bucket: int | None = None) -> None:
         self.settings = settings
+        # Instances of one group each run their compactions, usually at the same moments (both see the change log
+        # reach its share): starting at a bucket of its own, each takes different buckets first, and finds those the
+        # other applied meanwhile with nothing left to apply, instead of both merging every bucket.
+        self.first_bucket = random.randrange(settings.buckets) if first_bucket is None else first_bucket
         self.keyed = DeltaTarget(settings)
         self.scratch = scratch
         self.keep_applied_s = keep_applied_s
@@ -113,7 +119,8 @@ class Compaction:
         totals: dict[str, Any] = {"buckets": 0, "rows": 0, "version": changes.version()}
         keyed = self.keyed._open(uri)
         pinned = keyed is None or BUCKET in keyed.metadata().partition_columns
-        groups = [[b] for b in range(self.settings.buckets)] if pinned else [list(range(self.settings.buckets))]
+        own_first = [(self.first_bucket + n) % self.settings.buckets for n in range(self.settings.buckets)]
+        groups = [[b] for b in own_first] if pinned else [list(range(self.settings.buckets))]
         for buckets in groups:
             if stop is not None and stop.is_set():
                 break

@@ -316,3 +316,15 @@ def test_an_append_stamped_below_a_compaction_that_committed_meanwhile_is_applie
     assert {r["id"]: r["amount"] for r in keyed.to_pyarrow_table().to_pylist()} == {1: 1, 2: 0, 9: 9}
     assert DeltaTable(settings.changes_uri_for(TOPIC)).to_pyarrow_table().num_rows == 0
     assert _view(settings)[1]["amount"] == 1
+
+
+def test_each_instance_starts_its_compactions_at_a_bucket_of_its_own(tmp_path: Path) -> None:
+    """Two instances' compactions start together; from different buckets they split the work instead of both
+    merging every bucket (the second finds the first's buckets applied, nothing left)."""
+    settings = _settings(tmp_path)
+    ChangeLogTarget(settings).merge(_files(tmp_path / "a", [[(k, {"amount": k}) for k in range(40)]]))
+    Compaction(settings, tmp_path / "scratch", keep_applied_s=3600, first_bucket=2).compact(TOPIC, ("id",), "_offset")
+    keyed = DeltaTable(settings.uri_for(TOPIC))
+    merges = [c for c in reversed(keyed.history()) if c["operation"] == "MERGE"]
+    buckets = [int(c["operationParameters"]["predicate"].split("_bucket = ")[1]) for c in merges]
+    assert buckets == [2, 3, 0, 1]
