@@ -30,7 +30,10 @@ test broker cannot hold a long topic; bench/README), calling what the service's 
    change log (process w owns the Kafka partitions p % W == w) as fast as they can, no compaction: records/s,
    conflicts retried, and each partition's transaction and the change log's row count checked. With
    `--scaling-pin` also with instance w pinned to core w (a core per instance, as instances on their own hosts
-   have: one instance already uses more than one of this machine's two cores).
+   have: one instance already uses more than one of this machine's two cores). Each instance commits its
+   partitions' ranges of a batch, so two commit twice as often for the same rows: an append's fixed cost (~0.1 s:
+   reading the log, the transactions, the commit) weighs with small ranges (the live feed's 12,500 rows) and
+   hardly with an instance that is behind (`--scaling-rows-per-file 100000`, SINK_FLUSH_RECORDS' ranges).
 
 Each step runs in its own process (peak RSS its own); `other load` is the CPU the rest of the machine used
 meanwhile, in cores. Writes bench/results/delta_table_sizes.{json,md} (results of sizes not run this time are kept);
@@ -543,7 +546,8 @@ def markdown(report: dict) -> str:
             lines.append(f"| {name} | {c['records']:,} | {c['wall_s']} | {c['records_per_s']:,} | "
                          f"{c.get('speedup', '')} | {c.get('cores', '')} | {c['commits']} | {c['retries']} | "
                          f"{'ok' if c['check'].get('ok') else c['check']} |")
-        lines.append(f"\n(keys: {report['scaling']['keys']:,}; other load, cores: "
+        lines.append(f"\n(keys: {report['scaling']['keys']:,}; rows per file: "
+                     f"{report['scaling'].get('rows_per_file', 12_500):,}; other load, cores: "
                      f"{[c.get('other_load_cores') for c in report['scaling']['cases']]})")
     return "\n".join(lines) + "\n"
 
@@ -560,6 +564,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=int, default=5, help="seconds between micro-batches")
     parser.add_argument("--scaling-batches", type=int, default=12, help="batches appended in the scaling run (0: none)")
     parser.add_argument("--scaling-pin", action="store_true", help="also run the scaling with a core per instance")
+    parser.add_argument("--scaling-rows-per-file", type=int, default=None,
+                        help="rows per file (partition range) in the scaling run; default: the feed's (rate x "
+                             "interval / 8, the live shape); 100000 is SINK_FLUSH_RECORDS, a range of an instance "
+                             "that is behind")
     parser.add_argument("--scaling-keys", type=int, default=None, help="table size of the scaling run (default: "
                         "the largest size of --keys)")
     parser.add_argument("--no-final-check", action="store_true", help="skip the view/table check")
@@ -585,6 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     report.update(updated_at=time.strftime("%Y-%m-%d %H:%M %Z"), machine=machine_info(),
                   settings={"rate": args.rate, "interval": args.interval, "partitions": PARTITIONS})
     rows_per_file = args.rate * args.interval // PARTITIONS
+    scaling_rows = args.scaling_rows_per_file or rows_per_file
     cl_batches = int(args.minutes * 60 / args.interval)
     mm_batches = int((args.merge_minutes if args.merge_minutes is not None else args.minutes) * 60 / args.interval)
 
@@ -603,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
         manifest = work / "manifest.json"
         want_merge = args.merge_batches != "none"
         batches_needed = max(cl_batches, min(mm_batches, caps.get(keys, mm_batches)) if want_merge else 0,
-                             args.scaling_batches if keys == scaling_keys else 0)
+                             args.scaling_batches if keys == scaling_keys and scaling_rows == rows_per_file else 0)
         log(f"{keys:,} keys: {batches_needed} micro-batches of {rows_per_file * PARTITIONS:,} rows")
         case["files"] = run_child("files", {"keys": keys, "batches": batches_needed, "rows_per_file": rows_per_file,
                                             "dir": str(work / "files"), "manifest": str(manifest)}, timeout)
@@ -616,9 +625,17 @@ def main(argv: list[str] | None = None) -> int:
             save()
             continue
         if keys == scaling_keys and args.scaling_batches:
+            scaling_manifest = manifest
+            if scaling_rows != rows_per_file:
+                scaling_manifest = work / "scaling_manifest.json"
+                run_child("files", {"keys": keys, "batches": args.scaling_batches,
+                                    "rows_per_file": scaling_rows, "dir": str(work / "scaling_files"),
+                                    "manifest": str(scaling_manifest)}, timeout)
             cases = [c for pin in ((False, True) if args.scaling_pin else (False,))
-                     for c in run_scaling(work / "base_bucketed", manifest, args.scaling_batches, [1, 2], timeout, pin)]
-            report["scaling"] = {"keys": keys, "batches": args.scaling_batches, "cases": cases}
+                     for c in run_scaling(work / "base_bucketed", scaling_manifest, args.scaling_batches, [1, 2],
+                                          timeout, pin)]
+            report["scaling"] = {"keys": keys, "batches": args.scaling_batches, "cases": cases,
+                                 "rows_per_file": scaling_rows}
             save()
         runs = [("change-log", "bucketed", cl_batches, None)]
         if want_merge and "error" not in case["build_plain"]:

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -68,11 +68,39 @@ def key_text(rows: pa.Table, keys: Sequence[str]) -> pa.ChunkedArray | pa.Array:
 
 
 def buckets_of(rows: pa.Table, keys: Sequence[str], buckets: int) -> pa.Array:
-    """Each row's bucket: CRC-32 of its key's text modulo `buckets`; stable across processes and versions,
+    """Each row's bucket: CRC-32 of its key's UTF-8 text modulo `buckets`; stable across processes and versions,
     unlike Python's `hash`."""
     if not keys:
         return pa.repeat(pa.scalar(0, pa.int32()), rows.num_rows)
-    return pa.array([zlib.crc32(v.encode()) % buckets for v in key_text(rows, keys).to_pylist()], pa.int32())
+    return pa.array((crc32_each(key_text(rows, keys)) % buckets).astype(np.int32))
+
+
+def _crc_table() -> np.ndarray:
+    """zlib's CRC-32 (reflected polynomial 0xEDB88320), one entry per byte value."""
+    table = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        table = np.where(table & 1, (table >> 1) ^ np.uint32(0xEDB88320), table >> 1).astype(np.uint32)
+    return table
+
+
+_CRC_TABLE = _crc_table()
+
+
+def crc32_each(texts: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """zlib.crc32 of each text's UTF-8 bytes, a byte position at a time over every row at once (a Python call per
+    row took a quarter of an append's time: 53 ms for 100k keys)."""
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks()
+    texts = pc.cast(texts, pa.large_string())
+    offsets = np.frombuffer(texts.buffers()[1], np.int64, len(texts) + 1, texts.offset * 8)
+    data = np.frombuffer(texts.buffers()[2] or b"", np.uint8)
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    crc = np.full(len(texts), 0xFFFFFFFF, np.uint32)
+    for position in range(int(lengths.max()) if len(texts) else 0):
+        rows = np.flatnonzero(lengths > position)
+        byte = data[starts[rows] + position]
+        crc[rows] = _CRC_TABLE[(crc[rows] ^ byte) & 0xFF] ^ (crc[rows] >> 8)
+    return crc ^ 0xFFFFFFFF
 
 
 def pending(changes: DeltaTable, floors: Mapping[int, int | None]) -> pa.Table:

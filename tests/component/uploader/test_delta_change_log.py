@@ -178,6 +178,20 @@ def test_buckets_are_stable_and_key_text_makes_an_int_and_its_digits_alike() -> 
     assert ints == [zlib_bucket(v, 16) for v in ("1", "2", "3", "1000000")]
 
 
+def test_buckets_are_zlibs_crc32_of_every_kind_of_key_text() -> None:
+    """The vectorised CRC-32 must equal zlib's for every key a table already holds: a bucket that moved would put a
+    key's new rows beside its old row in another partition, and the pinned merge would insert it twice."""
+    import random
+
+    draw = random.Random(7)
+    texts = ["", "7", "a\x1fb", "ü€😀", "x" * 300,
+             *("".join(chr(draw.randrange(1, 0x2FFF)) for _ in range(draw.randrange(0, 40))) for _ in range(5000))]
+    keys = pa.table({"id": pa.chunked_array([pa.array(texts[:7]), pa.array(texts[7:])]).slice(2)})
+    assert buckets_of(keys, ("id",), 16).to_pylist() == [zlib_bucket(t, 16) for t in texts[2:]]
+    two = pa.table({"a": [1, None, 3], "b": ["x", "y", None]})
+    assert buckets_of(two, ("a", "b"), 7).to_pylist() == [zlib_bucket(t, 7) for t in ("1\x1fx", "\x1fy", "3\x1f")]
+
+
 def zlib_bucket(text: str, buckets: int) -> int:
     import zlib
 
