@@ -46,6 +46,7 @@ from uploader.delta import (
     _Piece,
     latest_per_key,
 )
+from uploader.delta_log import CommitLog
 from uploader.delta_settings import BUCKET, DeltaSettings
 from uploader.errors import RetryableUploadError
 
@@ -126,36 +127,44 @@ class Stamps:
     column the later stamp of the same key wins, whose row the clean-up never deletes before the earlier one's (it
     deletes below a floor, and one key's rows come from one partition, whose appends follow one another)."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: CommitLog) -> None:
+        self.log = log
         self._of: dict[int, int | None] = {}  # version -> its rows' stamp (None: no append of this mode's)
 
     def floors(self, changes: DeltaTable, applied: Mapping[int, int | None]) -> dict[int, int | None]:
         """Per bucket, the lowest stamp of a row appended after its applied version, as of the snapshot `changes`
-        (None: every row may be pending: the bucket was never compacted, or the log no longer reaches back)."""
-        known = [a for a in applied.values() if a is not None]
+        (None: every row may be pending: the bucket was never compacted, the log no longer reaches back, or it has
+        no rows in the change log, so that a bucket whose keys stopped changing does not hold the log's reading
+        back at its last compaction)."""
+        holding = _buckets_holding_rows(changes)
+        known = [a for b, a in applied.items() if a is not None and b in holding]
         if not known:
             return dict.fromkeys(applied)
         newest = changes.version()
-        self._read(changes, min(known) + 1, newest)
+        self._read(min(known) + 1, newest)
         floors: dict[int, int | None] = {}
         for bucket, after in applied.items():
-            versions = range(after + 1, newest + 1) if after is not None else None
+            versions = range(after + 1, newest + 1) if after is not None and bucket in holding else None
             if versions is None or any(v not in self._of for v in versions):
                 floors[bucket] = None
                 continue
             floors[bucket] = min([after + 1, *(s for v in versions if (s := self._of[v]) is not None)])
         return floors
 
-    def _read(self, changes: DeltaTable, first: int, last: int) -> None:
-        missing = [v for v in range(first, last + 1) if v not in self._of]
-        if missing:
-            for commit in changes.history(limit=last - missing[0] + 1):
-                version = commit.get("version")
-                if isinstance(version, int) and first <= version <= last:  # (deltalake numbers past 0 too)
-                    stamp = commit.get(META_STAMP)
-                    self._of[version] = int(stamp) if stamp is not None else None
+    def _read(self, first: int, last: int) -> None:
+        for version in range(first, last + 1):
+            if version not in self._of and (info := self.log.commit_info(version)) is not None:
+                stamp = info.get(META_STAMP)
+                self._of[version] = int(stamp) if stamp is not None else None
         for version in [v for v in self._of if v < first]:  # below the oldest applied version: never asked again
             del self._of[version]
+
+
+def _buckets_holding_rows(changes: DeltaTable) -> set[int]:
+    actions = pa.table(changes.get_add_actions(flatten=True))  # deltalake hands an arro3 table
+    if actions.num_rows == 0:
+        return set()
+    return {int(b) for b in pc.unique(actions.column(f"partition.{BUCKET}")).to_pylist() if b is not None}
 
 
 class ChangeLogTarget(DeltaTarget):

@@ -39,6 +39,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from uploader.delta import _FILE, CONFLICT, DeltaTarget, _Piece, _with_every_column, classify_error
 from uploader.delta_changes import CHANGE_VERSION, Stamps, merged_by, pending
+from uploader.delta_log import CommitLog
 from uploader.delta_maintenance import maintain
 from uploader.delta_settings import BUCKET, DeltaSettings
 from uploader.delta_storage import storage_options
@@ -207,7 +208,9 @@ class Compaction:
         return _with_every_column(fitted, pa.schema(keyed.schema().to_arrow()))
 
     def _floors(self, uri: str, changes: DeltaTable, applied: dict[int, int | None]) -> dict[int, int | None]:
-        return self._stamps.setdefault(uri, Stamps()).floors(changes, applied)
+        if uri not in self._stamps:
+            self._stamps[uri] = Stamps(CommitLog(self.settings, changes.table_uri))
+        return self._stamps[uri].floors(changes, applied)
 
     def _delete_applied(self, changes: DeltaTable, uri: str) -> None:
         """Delete from the change log the rows the keyed table's bucket transactions said it held at least

@@ -25,6 +25,7 @@ from uploader.column_types import conform, join_schemas
 from uploader.delta import DELETED, latest_per_key
 from uploader.delta_changes import CHANGE_VERSION, Stamps, key_text
 from uploader.delta_changes import pending as changes_pending
+from uploader.delta_log import CommitLog
 from uploader.delta_settings import DeltaSettings
 from uploader.delta_storage import storage_options
 
@@ -47,7 +48,11 @@ def current_batches(settings: DeltaSettings, topic: str, keys: Sequence[str],
         return schema, iter(keyed.to_pyarrow_dataset().to_batches())
     applied = {b: keyed.transaction_version(settings.compaction_app_id(b)) if keyed is not None else None
                for b in range(settings.buckets)}
-    pending = changes_pending(changes, Stamps().floors(changes, applied))
+    log = CommitLog(settings, settings.changes_uri_for(topic))
+    try:
+        pending = changes_pending(changes, Stamps(log).floors(changes, applied))
+    finally:
+        log.close()
     schema = pa.schema(changes.schema().to_arrow())
     schema = schema.remove(schema.get_field_index(CHANGE_VERSION))
     if keyed is not None:

@@ -31,6 +31,7 @@ from uploader.delta import DeltaFile
 from uploader.delta_changes import CHANGE_VERSION, ChangeLogTarget, buckets_of
 from uploader.delta_compaction import Compaction
 from uploader.delta_settings import BUCKET, DeltaSettings
+from uploader.delta_storage import storage_options
 from uploader.delta_view import current_rows
 
 COMPACTIONS = ("after each append", "at the end", "never")
@@ -342,3 +343,29 @@ def test_each_instance_starts_its_compactions_at_a_bucket_of_its_own(tmp_path: P
     merges = [c for c in reversed(keyed.history()) if c["operation"] == "MERGE"]
     buckets = [int(c["operationParameters"]["predicate"].split("_bucket = ")[1]) for c in merges]
     assert buckets == [2, 3, 0, 1]
+
+
+def test_a_change_log_on_s3_reads_its_commits_stamps_from_the_log(moto_url, aws_env, tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    """The stamps come from the log entries read through boto3 (delta-rs's history() holds the GIL while it reads:
+    against this in-process S3 server the view waited on itself for 180 s, then failed)."""
+    import uuid
+
+    import boto3
+
+    bucket = f"changes-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1").create_bucket(Bucket=bucket)
+    settings = _settings(tmp_path, table_uri=f"s3://{bucket}/lake/{{topic}}", endpoint_url=moto_url,
+                         region="us-east-1")
+    ChangeLogTarget(settings).merge(_files(tmp_path / "first", [[(1, {"amount": 0}), (2, {"amount": 0})]]))
+
+    def rival_then_compaction() -> None:
+        ChangeLogTarget(settings).merge(_files(tmp_path / "rival", [[(9, {"amount": 9})]], partition=1))
+        Compaction(settings, tmp_path / "scratch", keep_applied_s=3600).compact(TOPIC, ("id",), "_offset")
+
+    _with_rival_inside_our_append(monkeypatch, rival_then_compaction)
+    ChangeLogTarget(settings).merge(_files(tmp_path / "ours", [[(1, {"amount": 1})]], start=2))
+    assert {k: r["amount"] for k, r in _view(settings).items()} == {1: 1, 2: 0, 9: 9}
+    Compaction(settings, tmp_path / "scratch", keep_applied_s=0).compact(TOPIC, ("id",), "_offset")
+    keyed = DeltaTable(settings.uri_for(TOPIC), storage_options=storage_options(settings))
+    assert {r["id"]: r["amount"] for r in keyed.to_pyarrow_table().to_pylist()} == {1: 1, 2: 0, 9: 9}
