@@ -250,10 +250,11 @@ def delta_target(settings: DeltaSettings) -> DeltaTarget:
     return ChangeLogTarget(settings) if settings.change_log else DeltaTarget(settings)
 
 
-def merged_by(changes: DeltaTable, commits: int = 100) -> tuple[tuple[str, ...], str | None] | None:
+def merged_by(changes: DeltaTable, log: CommitLog, commits: int = 100) -> tuple[tuple[str, ...], str | None] | None:
     """The keys and order column the change log's latest appends were merged by (None if none in `commits`)."""
-    for commit in changes.history(limit=commits):
-        text = commit.get(META_KEYS)
+    newest = changes.version()
+    for version in range(newest, max(-1, newest - commits), -1):
+        text = (log.commit_info(version) or {}).get(META_KEYS)
         if text:
             found = json.loads(text)
             return tuple(found["primary_keys"]), found["order_column"]

@@ -77,7 +77,7 @@ class Compaction:
         self.scratch = scratch
         self.keep_applied_s = keep_applied_s
         self._last: dict[str, float] = {}  # uri -> when its last compaction ended (monotonic)
-        self._stamps: dict[str, Stamps] = {}  # uri -> its change log's stamps
+        self._stamps: dict[str, Stamps] = {}  # change log's uri -> its stamps
         # uri -> (when, each bucket's applied version) after each compaction, oldest first: what may be deleted
         self._applied: dict[str, list[tuple[float, dict[int, int | None]]]] = {}
 
@@ -89,12 +89,12 @@ class Compaction:
         uri = self.settings.uri_for(topic)
         keyed = self.keyed._open(uri)
         applied = {b: _applied(keyed, self.settings.compaction_app_id(b)) for b in range(self.settings.buckets)}
-        return Sizes(_pending_bytes(changes, self._floors(uri, changes, applied)), _bytes(keyed) if keyed else 0)
+        return Sizes(_pending_bytes(changes, self._floors(changes, applied)), _bytes(keyed) if keyed else 0)
 
     def merged_by(self, topic: str) -> tuple[tuple[str, ...], str | None] | None:
         """The keys and order column of the topic's change log (from its appends' commit info); None without one."""
         changes = self._changes(topic)
-        return merged_by(changes) if changes is not None else None
+        return merged_by(changes, self._stamps_of(changes).log) if changes is not None else None
 
     def due(self, topic: str, now: float | None = None) -> bool:
         """The change log holds `compact_at_ratio` of the keyed table's bytes, or the last compaction is
@@ -152,7 +152,7 @@ class Compaction:
         keyed = self.keyed._open(uri)
         try:
             done = {b: _applied(keyed, self.settings.compaction_app_id(b)) for b in buckets}
-            rows = pending(changes, self._floors(uri, changes, done))
+            rows = pending(changes, self._floors(changes, done))
             if rows.num_rows == 0:
                 return {}
             if keyed is None:
@@ -207,10 +207,13 @@ class Compaction:
         fitted = fitted.append_column(_FILE, versions.cast(pa.int32()))
         return _with_every_column(fitted, pa.schema(keyed.schema().to_arrow()))
 
-    def _floors(self, uri: str, changes: DeltaTable, applied: dict[int, int | None]) -> dict[int, int | None]:
-        if uri not in self._stamps:
-            self._stamps[uri] = Stamps(CommitLog(self.settings, changes.table_uri))
-        return self._stamps[uri].floors(changes, applied)
+    def _floors(self, changes: DeltaTable, applied: dict[int, int | None]) -> dict[int, int | None]:
+        return self._stamps_of(changes).floors(changes, applied)
+
+    def _stamps_of(self, changes: DeltaTable) -> Stamps:
+        if changes.table_uri not in self._stamps:
+            self._stamps[changes.table_uri] = Stamps(CommitLog(self.settings, changes.table_uri))
+        return self._stamps[changes.table_uri]
 
     def _delete_applied(self, changes: DeltaTable, uri: str) -> None:
         """Delete from the change log the rows the keyed table's bucket transactions said it held at least
@@ -232,7 +235,7 @@ class Compaction:
         for attempt in range(1, DELETE_TRIES_AT_ONCE + 1):
             try:
                 changes.update_incremental()
-                floors = self._floors(uri, changes, done)
+                floors = self._floors(changes, done)
                 clauses = [f"(`{BUCKET}` = {b} AND `{CHANGE_VERSION}` < {floor})"
                            for b, floor in floors.items() if floor is not None]
                 if clauses:
