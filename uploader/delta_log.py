@@ -12,7 +12,7 @@ import pathlib
 from typing import Any
 
 from uploader.delta_settings import S3_SCHEME, DeltaSettings
-from uploader.s3_settings import S3Settings
+from uploader.delta_storage import s3_settings_at
 
 _FILE_SCHEME = "file://"
 
@@ -26,10 +26,7 @@ class CommitLog:
         if self.uri.startswith(S3_SCHEME):
             from uploader.s3 import S3Target  # boto3 only for tables on S3
 
-            bucket, _, prefix = self.uri[len(S3_SCHEME):].partition("/")
-            self._s3 = S3Target(S3Settings(
-                bucket=bucket, prefix=prefix, endpoint_url=settings.endpoint_url, region=settings.region,
-                ca_bundle=settings.ca_bundle, request_timeout_s=settings.request_timeout_s, retry=settings.retry))
+            self._s3 = S3Target(s3_settings_at(settings, self.uri))
 
     def commit_info(self, version: int) -> dict[str, Any] | None:
         """The version's commitInfo ({} without one); None when the entry is gone (the log's clean-up)."""
@@ -50,20 +47,9 @@ class CommitLog:
                 return (pathlib.Path(root) / name).read_text(encoding="utf-8")
             except FileNotFoundError:
                 return None
-        import botocore.exceptions
-
-        from uploader.s3 import classify_error
-
-        key = f"{self._s3.settings.prefix.rstrip('/')}/{name}" if self._s3.settings.prefix else name
-        try:
-            answer = self._s3.client.get_object(Bucket=self._s3.settings.bucket, Key=key)
-            return answer["Body"].read().decode("utf-8")
-        except botocore.exceptions.ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
-                return None
-            raise classify_error(exc, what=f"reading the Delta log entry {self.uri}/{name}") from exc
-        except botocore.exceptions.BotoCoreError as exc:
-            raise classify_error(exc, what=f"reading the Delta log entry {self.uri}/{name}") from exc
+        prefix = self._s3.settings.prefix.rstrip("/")
+        body = self._s3.read(f"{prefix}/{name}" if prefix else name)
+        return body.decode("utf-8") if body is not None else None
 
     def close(self) -> None:
         if self._s3 is not None:

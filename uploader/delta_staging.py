@@ -32,9 +32,9 @@ from typing import Any, Self
 from urllib.parse import quote, unquote, urlsplit
 
 from uploader.delta_settings import S3_SCHEME, DeltaSettings
+from uploader.delta_storage import s3_settings_at
 from uploader.directory import DirectorySettings, DirectoryTarget, is_temp_name
 from uploader.retry import OnRetry
-from uploader.s3_settings import S3Settings
 from uploader.target import FileMetadata, Receipt
 
 log = logging.getLogger(__name__)
@@ -106,10 +106,7 @@ class StagingArea:
         if self.root.startswith(S3_SCHEME):
             from uploader.s3 import S3Target  # boto3 only for tables on S3
 
-            bucket, _, prefix = self.root[len(S3_SCHEME):].partition("/")
-            self._s3 = S3Target(S3Settings(
-                bucket=bucket, prefix=prefix, endpoint_url=settings.endpoint_url, region=settings.region,
-                ca_bundle=settings.ca_bundle, request_timeout_s=settings.request_timeout_s, retry=settings.retry))
+            self._s3 = S3Target(s3_settings_at(settings, self.root))
             self._target: Any = self._s3
         else:
             self._target = DirectoryTarget(DirectorySettings(path=self.root, retry=settings.retry))

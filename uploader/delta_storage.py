@@ -42,9 +42,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from uploader.delta_settings import DeltaSettings
+from uploader.delta_settings import S3_SCHEME, DeltaSettings
 from uploader.errors import FatalUploadError, RetryableUploadError, UploadError
-from uploader.s3_settings import CREDENTIALS_SETTING
+from uploader.s3_settings import CREDENTIALS_SETTING, S3Settings
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +233,14 @@ def storage_options(settings: DeltaSettings) -> dict[str, str]:
     if settings.ca_bundle:
         options[CERTIFICATE_PATH_OPTION] = settings.ca_bundle
     return options
+
+
+def s3_settings_at(settings: DeltaSettings, uri: str) -> S3Settings:
+    """Settings for reaching `s3://bucket/prefix` beside the table through boto3 (staged files, the log's
+    entries), with the table's endpoint, region, CA bundle and timeouts."""
+    bucket, _, prefix = uri.removeprefix(S3_SCHEME).partition("/")
+    return S3Settings(bucket=bucket, prefix=prefix, endpoint_url=settings.endpoint_url, region=settings.region,
+                      ca_bundle=settings.ca_bundle, request_timeout_s=settings.request_timeout_s, retry=settings.retry)
 
 
 def certificate_failure(exc: BaseException) -> bool:

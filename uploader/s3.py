@@ -30,6 +30,7 @@ import pathlib
 import string
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Self
 from urllib.parse import quote
 
@@ -261,15 +262,26 @@ class S3Target:
 
     def download(self, key: str, destination: pathlib.Path) -> bool:
         """Copy an object to a local file; False when there is no such object."""
+        return self._unless_missing(lambda: self._client.download_file(self.settings.bucket, key, str(destination))
+                                    or True, f"S3 download of {self.settings.uri(key)}") is not None
+
+    def read(self, key: str) -> bytes | None:
+        """An object's bytes; None when there is no such object."""
+        def body() -> bytes:
+            return self._client.get_object(Bucket=self.settings.bucket, Key=key)["Body"].read()
+
+        return self._unless_missing(body, f"S3 read of {self.settings.uri(key)}")
+
+    @staticmethod
+    def _unless_missing(call: Callable[[], Any], what: str) -> Any:
         try:
-            self._client.download_file(self.settings.bucket, key, str(destination))
+            return call()
         except botocore.exceptions.ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
-                return False
-            raise classify_error(exc, what=f"S3 download of {self.settings.uri(key)}") from exc
+                return None
+            raise classify_error(exc, what=what) from exc
         except botocore.exceptions.BotoCoreError as exc:
-            raise classify_error(exc, what=f"S3 download of {self.settings.uri(key)}") from exc
-        return True
+            raise classify_error(exc, what=what) from exc
 
     def describe_request(self, path: pathlib.Path, metadata: FileMetadata) -> dict[str, Any]:
         """What upload() would send; for a --dry-run that touches no network."""
