@@ -78,6 +78,7 @@ class Compaction:
         self.keep_applied_s = keep_applied_s
         self._last: dict[str, float] = {}  # uri -> when its last compaction ended (monotonic)
         self._stamps: dict[str, Stamps] = {}  # change log's uri -> its stamps
+        self._change_logs: dict[str, tuple[DeltaTable, tuple]] = {}  # uri -> (table, the storage options it has)
         # uri -> (when, each bucket's applied version) after each compaction, oldest first: what may be deleted
         self._applied: dict[str, list[tuple[float, dict[int, int | None]]]] = {}
 
@@ -139,12 +140,20 @@ class Compaction:
         return totals
 
     def _changes(self, topic: str) -> DeltaTable | None:
-        """A snapshot of the change log of its own: a compaction works on one version while batches append."""
+        """The change log's newest snapshot, in an object of its own (a compaction works on one version while
+        batches append), brought up to date by reading only the log entries since the last look: a fresh load
+        reads the last checkpoint and up to 100 entries after it, after every batch and every 10 s."""
+        uri, options = self.settings.changes_uri_for(topic), storage_options(self.settings)
+        held = self._change_logs.get(uri)
+        if held is not None and held[1] == tuple(sorted(options.items())):
+            held[0].update_incremental()
+            return held[0]
         try:
-            return DeltaTable(self.settings.changes_uri_for(topic),
-                              storage_options=storage_options(self.settings) or None)
+            table = DeltaTable(uri, storage_options=options or None)
         except TableNotFoundError:
             return None
+        self._change_logs[uri] = (table, tuple(sorted(options.items())))
+        return table
 
     def _compact(self, changes: DeltaTable, topic: str, buckets: list[int], keys: Sequence[str],
                  order: str | None) -> dict[str, Any]:
