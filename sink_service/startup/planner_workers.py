@@ -7,10 +7,15 @@ pool. The query uses neither again after its first micro-batch was planned; Spar
 workers only after a minute and keeps the daemons for good. On a backlog that minute holds the
 service's peak (1M records are drained in ~15 s), and in a live run the daemons stay.
 
-So once each query has reported its first progress (its plan is made by then; the tasks of the next batch
-run in `pyspark.worker` processes, the planner in `python_streaming_source_runner`, neither
-touched here), the planning daemons are stopped with their workers. A query started later (after
-a rebalance) has Spark start them again, which costs that start ~0.2 s per step.
+So once each query has planned its first batch, the planning daemons are stopped with their
+workers (the tasks run in `pyspark.worker` processes, the planner in
+`python_streaming_source_runner`, neither touched here). The read is planned once per query, when
+its first micro-batch builds its RDD, before Spark submits that batch's job: a job in the query's
+job group (Spark's streaming thread names the group after the run id) therefore means the query
+has planned, and so does a reported progress (a batch too short for a poll to see its job). Waiting
+for the progress instead left the planning processes beside the task workers for the whole first
+batch, where the 1M backlog's peak was (10 processes; 971 MB). A query started later (after a
+rebalance) has Spark start them again, which costs that start ~0.2 s per step.
 
 Spark keeps its worker factories in a private field of `SparkEnv`: where that changed, the
 processes simply stay as before.
@@ -55,13 +60,14 @@ def stop_planner_daemons(spark: SparkSession) -> list[str]:
 
 
 class PlannerReleaser(threading.Thread):
-    """Stops the planning daemons once each streaming query has reported its first progress.
+    """Stops the planning daemons once each streaming query has planned its first micro-batch.
 
-    A query plans before its first progress (its first micro-batch); the service starts the next
-    query only after stopping this one, so a query still active with progress is not planning,
-    and neither is anything else. Polled, not a query listener: a Python listener's events pass
-    through Spark Connect's protobuf classes, which this Spark's classpath lacks (the listener
-    thread dies and stops the SparkContext). A poll is three calls into the JVM."""
+    A query plans before its first batch's job starts (and so before its first progress); the
+    service starts the next query only after stopping this one, so a query still active with a
+    job or a progress is not planning, and neither is anything else. Polled, not a query listener:
+    a Python listener's events pass through Spark Connect's protobuf classes, which this Spark's
+    classpath lacks (the listener thread dies and stops the SparkContext). A poll is a few calls
+    into the JVM."""
 
     def __init__(self, spark: SparkSession, interval_s: float = POLL_INTERVAL_S):
         super().__init__(name="planner-release", daemon=True)
@@ -83,7 +89,7 @@ class PlannerReleaser(threading.Thread):
     def _poll(self, streams: object) -> None:
         for query in streams.active():
             run_id = query.runId().toString()
-            if run_id in self._done or query.lastProgress() is None:
+            if run_id in self._done or not self._planned(query, run_id):
                 continue
             self._done.add(run_id)
             try:
@@ -94,6 +100,13 @@ class PlannerReleaser(threading.Thread):
                 raise
             log.debug("stopped Spark's data-source planning daemons: %s", stopped)
             self.releases += 1
+
+
+    def _planned(self, query: object, run_id: str) -> bool:
+        """Whether the query's first batch has its job (or is done): its read is planned by then."""
+        if query.lastProgress() is not None:
+            return True
+        return bool(self._spark.sparkContext.statusTracker().getJobIdsForGroup(run_id))
 
 
 def release_after_planning(spark: SparkSession) -> PlannerReleaser:

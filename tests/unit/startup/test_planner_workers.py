@@ -132,10 +132,28 @@ class _Streams:
         return self.queries
 
 
+class _Session:
+    """What the releaser asks the session: the job ids of each query run's job group."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, list[int]] = {}
+        session = self
+
+        class Tracker:
+            def getJobIdsForGroup(self, group: str) -> list[int]:
+                return session.jobs.get(group, [])
+
+        class Context:
+            def statusTracker(self) -> Tracker:
+                return Tracker()
+
+        self.sparkContext = Context()
+
+
 def test_each_query_releases_once_after_its_first_progress(monkeypatch) -> None:
     calls: list[int] = []
     monkeypatch.setattr(planner_workers, "stop_planner_daemons", lambda spark: calls.append(1) or [])
-    releaser = planner_workers.PlannerReleaser(spark=None)
+    releaser = planner_workers.PlannerReleaser(spark=_Session())
     streams = _Streams([_Query("a", None)])
     releaser._poll(streams)
     assert calls == []  # still planning its first batch
@@ -146,6 +164,23 @@ def test_each_query_releases_once_after_its_first_progress(monkeypatch) -> None:
     streams.queries = [_Query("b", object())]  # the query restarted (a rebalance): it planned again
     releaser._poll(streams)
     assert calls == [1, 1] and releaser.releases == 2
+
+
+def test_a_query_releases_once_its_first_batch_has_a_job(monkeypatch) -> None:
+    """The first batch's job starts after its read is planned: the planning processes need not
+    stay beside the task workers until the batch is done (the 1M backlog's peak was there)."""
+    calls: list[int] = []
+    monkeypatch.setattr(planner_workers, "stop_planner_daemons", lambda spark: calls.append(1) or [])
+    session = _Session()
+    releaser = planner_workers.PlannerReleaser(spark=session)
+    streams = _Streams([_Query("a", None)])
+    session.jobs["an earlier run"] = [0]  # another run's job says nothing about this one
+    releaser._poll(streams)
+    assert calls == []
+    session.jobs["a"] = [1]  # Spark's streaming thread runs the batch's job in the group of its run id
+    releaser._poll(streams)
+    releaser._poll(streams)
+    assert calls == [1] and releaser.releases == 1
 
 
 def test_a_changed_spark_internal_leaves_the_processes_and_says_so(monkeypatch, caplog) -> None:
