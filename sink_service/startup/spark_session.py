@@ -31,6 +31,11 @@ LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
 CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 WORKER_ALLOCATOR_ENV = {"MALLOC_ARENA_MAX": "2", "ARROW_DEFAULT_MEMORY_POOL": "system"}
 RETAINED_UI_ENTRIES = 20  # jobs, stages and SQL executions Spark's status store keeps (see below)
+# The serial collector grows the heap to keep 40-70% of it free after a collection (its defaults):
+# 105 MB committed for ~48 MB live at start-up. Kept 10-20% free, the heap stays near 70 MB and the
+# JVM's RSS ~7-10 MB lower (live 20k/s: 299 against 306-309 MB; backlog 287 against 296-298), at
+# the same JVM CPU.
+HEAP_SHAPE = ("-XX:MinHeapFreeRatio=10", "-XX:MaxHeapFreeRatio=20")
 DRIVER_HEAP = "512m"  # the driver JVM's heap cap: it plans and commits, records never enter it
 
 
@@ -64,7 +69,7 @@ def start_spark(config: SinkConfig, extra_java_options: Sequence[str] = ()) -> S
     # Its live heap stays near 55 MB (GC log); the default heap (1/64 of the host's memory to start,
     # 1 GB at most) let the JVM alone reach 830 MB in one 4M-record drain. Small to start, capped at
     # DRIVER_HEAP: 413 -> 336 MB of JVM RSS on a 1M drain, and no run above the documented bound.
-    driver_options = [*jvm_options, "-Xms64m", f"-Djava.io.tmpdir={temp}",
+    driver_options = [*jvm_options, "-Xms64m", *HEAP_SHAPE, f"-Djava.io.tmpdir={temp}",
                       *spark_home.activate(config.spark_class_archive), *extra_java_options]
     settings = {
         "spark.master": config.spark_master,
