@@ -9,10 +9,13 @@ the environment. Without it, requests' usual environment handling applies (HTTPS
 REQUESTS_CA_BUNDLE), which is what container platforms expect. An explicit `ca_bundle`
 (SINK_TLS_CA_BUNDLE) likewise wins over REQUESTS_CA_BUNDLE. ~/.netrc is never consulted: the
 Authorization header is attached by our own auth hook, so netrc cannot replace it.
+The environment is read once, when the target is built (requests walks all of `os.environ` twice
+per request to do it, a cost every small file paid).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import pathlib
@@ -32,7 +35,7 @@ from uploader.classify import (
 )
 from uploader.errors import FatalUploadError
 from uploader.masking import MASK, authorization_secrets, mask_authorization, mask_userinfo, redact
-from uploader.multipart import MultipartFileBody
+from uploader.multipart import IN_MEMORY_MAX_BYTES, MultipartFileBody, multipart_bytes
 from uploader.proxy import PROXY_SETTING, proxy_url_with_credentials, requests_proxies
 from uploader.retry import OnRetry, RetryPolicy, call_with_retries
 from uploader.target import FileMetadata, Receipt
@@ -166,6 +169,11 @@ class EmsTarget:
         # Per request, not on the session: a session passed in belongs to the caller.
         self._verify: str | bool = settings.ca_bundle or True
         self._secrets = settings.secrets()
+        # What requests would take from the environment on each request (proxies, CA bundle), merged
+        # with the explicit settings and the session's once: the endpoint's host never changes.
+        self._send_settings = self._session.merge_environment_settings(
+            settings.endpoint, dict(self._proxies or {}), None, self._verify, None
+        )
         if not settings.authorization.startswith(("AppKey ", "Bearer ")):
             log.warning(
                 "%s does not start with `AppKey ` or `Bearer `; sending it verbatim anyway",
@@ -204,7 +212,7 @@ class EmsTarget:
         url = self.request_url(metadata)
         started = time.monotonic()
         answer, attempts = call_with_retries(
-            lambda attempt: self._post(path, metadata, url, what, attempt), self.settings.retry, on_retry
+            lambda attempt: self._post(path, size, metadata, url, what, attempt), self.settings.retry, on_retry
         )
         response_id = answer.get("id")
         response_id = None if response_id is None else str(response_id)
@@ -250,23 +258,30 @@ class EmsTarget:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _post(self, path: pathlib.Path, metadata: FileMetadata, url: str, what: str, attempt: int) -> dict:
+    def _post(self, path: pathlib.Path, size: int, metadata: FileMetadata, url: str, what: str, attempt: int) -> dict:
         """One attempt. A fresh body each time: the previous attempt consumed the stream."""
         log.debug("%s: attempt %d", what, attempt)
-        with MultipartFileBody(
-            path, field_name=FILE_FIELD, file_name=metadata.file_name(), content_type=FILE_CONTENT_TYPE
-        ) as body:
+        with contextlib.ExitStack() as stack:
+            body: bytes | MultipartFileBody
+            if size <= IN_MEMORY_MAX_BYTES:
+                body, content_type = multipart_bytes(
+                    path, field_name=FILE_FIELD, file_name=metadata.file_name(), content_type=FILE_CONTENT_TYPE
+                )
+            else:
+                body = stack.enter_context(MultipartFileBody(
+                    path, field_name=FILE_FIELD, file_name=metadata.file_name(), content_type=FILE_CONTENT_TYPE
+                ))
+                content_type = body.content_type
             try:
-                response = self._session.post(
-                    url,
-                    data=body,
-                    headers={"Content-Type": body.content_type},
-                    auth=self._auth,
+                request = self._session.prepare_request(requests.Request(
+                    "POST", url, data=body, headers={"Content-Type": content_type}, auth=self._auth
+                ))
+                response = self._session.send(
+                    request,
                     timeout=self.settings.request_timeout_s,
-                    proxies=self._proxies,
-                    verify=self._verify,
                     # A redirect would drop the body or the credential; better to say so plainly.
                     allow_redirects=False,
+                    **self._send_settings,
                 )
             except requests.RequestException as exc:
                 # `from None`: the library's own message may quote a header or proxy URL verbatim.

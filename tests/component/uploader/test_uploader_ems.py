@@ -24,6 +24,7 @@ from werkzeug.formparser import parse_form_data
 from tests.support.uploader_fixtures import metadata_builder
 from uploader.ems import EmsSettings, EmsTarget
 from uploader.errors import FatalUploadError, RetriesExhaustedError, RetryableUploadError, UploadError
+from uploader.multipart import IN_MEMORY_MAX_BYTES
 from uploader.retry import RetryPolicy
 from uploader.target import UploadTarget
 
@@ -221,6 +222,30 @@ def test_large_file_is_streamed_intact(stub, tmp_path):
     target(stub).upload(path, metadata())
     _, files = stub.seen[0].form_files()
     assert files["file"].read() == data
+
+
+@pytest.mark.parametrize("extra", [-1, 0, 1], ids=["below", "at", "above"])
+def test_files_around_the_in_memory_bound_arrive_intact_with_one_wire_format(stub, tmp_path, extra):
+    # Up to IN_MEMORY_MAX_BYTES the body is one bytes object, above it a stream: same parts, same lengths.
+    path = tmp_path / "edge.parquet"
+    data = bytes(range(251)) * (IN_MEMORY_MAX_BYTES // 251) + b"x" * (IN_MEMORY_MAX_BYTES % 251 + extra)
+    path.write_bytes(data)
+    target(stub).upload(path, metadata())
+    seen = stub.seen[0]
+    _, files = seen.form_files()
+    assert files["file"].read() == data
+    assert files["file"].filename == metadata().file_name()
+    assert files["file"].content_type == "application/octet-stream"
+    assert int(seen.headers["Content-Length"]) == len(seen.body)
+    assert "Transfer-Encoding" not in seen.headers
+
+
+def test_the_environment_is_read_when_the_target_is_built(stub, parquet_file, monkeypatch):
+    # requests walked os.environ twice per upload for proxies and CA bundles; the target reads it once.
+    ems = target(stub)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    assert ems.upload(parquet_file, metadata()).attempts == 1
+    assert len(stub.seen) == 1
 
 
 def test_query_parameters_follow_the_contract(stub, parquet_file):

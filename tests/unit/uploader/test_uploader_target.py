@@ -9,7 +9,7 @@ import sys
 import pytest
 from werkzeug.formparser import parse_form_data
 
-from uploader.multipart import MultipartFileBody
+from uploader.multipart import MultipartFileBody, multipart_bytes
 from uploader.target import FileMetadata, Receipt
 
 
@@ -81,6 +81,20 @@ def test_multipart_read_all_and_iteration_agree(tmp_path):
         with MultipartFileBody(path, field_name="file", file_name="f.parquet") as body:
             bodies.append(read(body).replace(body.boundary.encode(), b"B"))
     assert bodies[0] == bodies[1]
+
+
+@pytest.mark.parametrize("size", [0, 1, 65537])
+def test_multipart_bytes_are_the_streamed_body(tmp_path, size):
+    # A small file is sent as one bytes object: the same wire format as the stream, byte for byte.
+    path = tmp_path / "f.parquet"
+    path.write_bytes(bytes(i % 251 for i in range(size)))
+    names = {"field_name": "file", "file_name": 'a"b\r\n.parquet', "content_type": "application/octet-stream"}
+    whole, content_type = multipart_bytes(path, **names)
+    boundary = content_type.removeprefix("multipart/form-data; boundary=")
+    with MultipartFileBody(path, **names) as body:
+        streamed = b"".join(body).replace(body.boundary.encode(), boundary.encode())
+        assert content_type == body.content_type.replace(body.boundary, boundary)
+    assert whole == streamed
 
 
 def test_multipart_detects_a_file_that_shrank(tmp_path):
