@@ -119,7 +119,9 @@ class PartitionFileWriter:
         self._schema: pa.Schema | None = None  # lattice types of the open file (or of the buffered rows)
         self._written: pa.Schema | None = None
         self._writer: pq.ParquetWriter | None = None
+        self._sink: pa.NativeFile | None = None  # the open file's: its position is the file's size
         self._path: Path | None = None
+        self._stored: tuple[pa.Schema, pa.Schema, str] | None = None  # lattice schema, stored schema, fingerprint
         self._buffer: list[pa.Table] = []
         self._buffered_rows = 0
         self._buffered_bytes = 0
@@ -161,9 +163,12 @@ class PartitionFileWriter:
         """Drop the open file after a failure; nothing half-written is ever uploaded."""
         if self._writer is not None:
             self._writer.close()
+        if self._sink is not None:
+            self._sink.close()
         if self._path is not None:
             self._path.unlink(missing_ok=True)
         self._writer = None
+        self._sink = None
         self._path = None
         self._schema = None  # the dropped rows are read again and bring their types back
         self._compactor = None
@@ -177,7 +182,8 @@ class PartitionFileWriter:
         while True:
             if schema != self._schema:
                 self._widen(schema)
-            fitted = conform(table, self._schema)
+            # A chunk already of the file's types (the usual case) needs no conversion.
+            fitted = table if table.schema == self._schema else conform(table, self._schema)
             if fitted.schema == self._schema:
                 return fitted
             schema = join_schemas(self._schema, fitted.schema)  # a value needed more than the join
@@ -208,23 +214,40 @@ class PartitionFileWriter:
             return
         rows = pa.concat_tables(self._buffer) if len(self._buffer) > 1 else self._buffer[0]
         self._buffer, self._buffered_rows, self._buffered_bytes = [], 0, 0
-        stored = _stored_schema(self._schema, self._unstored, self._bookkeeping)
+        stored, _ = self._file_schema()
         if self._writer is None:
-            self._directory.mkdir(parents=True, exist_ok=True)
-            self._path = self._directory / f"{self._topic}-{self._partition}-{uuid.uuid4().hex}.parquet"
-            self._writer = pq.ParquetWriter(self._path, stored, compression=self._compression)
+            self._open(stored)
             self._first_offset = rows.column("_offset")[0].as_py()
             self._compactor = self._new_compactor() if self._new_compactor else None
         self._last_offset = rows.column("_offset")[-1].as_py()
         self._file_rows += rows.num_rows
         if self._compactor is not None:
             rows = self._compactor.row_group(rows)
-        if stored != rows.schema:
-            rows = rows.select(stored.names).cast(stored)
+        if stored.names != rows.schema.names:
+            rows = rows.select(stored.names)
+        if stored != rows.schema:  # metadata aside: the writer takes the file's own
+            rows = rows.cast(stored)
         self._writer.write_table(rows, row_group_size=rows.num_rows)
         self._row_group_sizes.append(rows.nbytes)
-        if os.path.getsize(self._path) >= self._max_bytes:
+        if self._sink.tell() >= self._max_bytes:
             self._close_file()
+
+    def _file_schema(self) -> tuple[pa.Schema, str]:
+        """The open file's stored schema and its fingerprint, made once per lattice schema."""
+        if self._stored is None or self._stored[0] is not self._schema:
+            stored = _stored_schema(self._schema, self._unstored, self._bookkeeping)
+            self._stored = (self._schema, stored, schema_fingerprint(stored))
+        return self._stored[1], self._stored[2]
+
+    def _open(self, stored: pa.Schema) -> None:
+        """A new file in the scratch directory, made if missing (checked only then: a file a range)."""
+        self._path = self._directory / f"{self._topic}-{self._partition}-{uuid.uuid4().hex}.parquet"
+        try:
+            self._sink = pa.OSFile(str(self._path), "wb")
+        except FileNotFoundError:
+            self._directory.mkdir(parents=True, exist_ok=True)
+            self._sink = pa.OSFile(str(self._path), "wb")
+        self._writer = pq.ParquetWriter(self._sink, stored, compression=self._compression)
 
     def _close_file(self) -> None:
         self._write_row_group()
@@ -233,7 +256,12 @@ class PartitionFileWriter:
         if self._bookkeeping or not self._raise_by_written:  # for a typed table: its merge cuts by these
             self._writer.add_key_value_metadata({ROW_GROUP_BYTES_KEY: ",".join(map(str, self._row_group_sizes))})
         self._writer.close()
-        rows = self._file_rows if self._compactor is None else self._compactor.finish(self._path, self._compression)
+        size = self._sink.tell()
+        self._sink.close()
+        rows = self._file_rows
+        if self._compactor is not None:
+            rows = self._compactor.finish(self._path, self._compression)
+            size = os.path.getsize(self._path)  # rewritten if a key recurred across row groups
         closed = ClosedFile(
             path=self._path,
             topic=self._topic,
@@ -241,11 +269,11 @@ class PartitionFileWriter:
             first_offset=self._first_offset,
             last_offset=self._last_offset,
             record_count=rows,
-            size_bytes=os.path.getsize(self._path),
-            schema_fingerprint=schema_fingerprint(_stored_schema(self._schema, self._unstored, self._bookkeeping)),
+            size_bytes=size,
+            schema_fingerprint=self._file_schema()[1],
             decoded_bytes=sum(self._row_group_sizes),
         )
-        self._writer, self._path, self._file_rows, self._row_group_sizes = None, None, 0, []
+        self._writer, self._sink, self._path, self._file_rows, self._row_group_sizes = None, None, None, 0, []
         self._on_close(closed)
         self._written = self._schema if self._written is None else join_schemas(self._written, self._schema)
         if not self._raise_by_written:

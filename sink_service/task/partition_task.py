@@ -77,6 +77,7 @@ RESULT_SCHEMA = pa.schema([
 ])
 RESULT_SCHEMA_DDL = ", ".join(f"{f.name} {_DDL_TYPES[f.type]}" for f in RESULT_SCHEMA)
 MAX_BAD_SAMPLES = 20
+_JSON_FIELDS = frozenset(("bad_reasons", "bad_samples", "dead_letters", "retries", "files"))
 
 
 @dataclass(frozen=True)
@@ -148,10 +149,14 @@ class _Outcome:
     written_schema: str = ""
 
     def to_batch(self) -> pa.RecordBatch:
-        row = {name: getattr(self, name) for name in RESULT_SCHEMA.names}
-        for name in ("bad_reasons", "bad_samples", "dead_letters", "retries", "files"):
-            row[name] = json.dumps(row[name])
-        return pa.RecordBatch.from_pylist([row], schema=RESULT_SCHEMA)
+        """One row; built column by column (`from_pylist` took a fifth of a millisecond, paid per range)."""
+        columns = []
+        for column in RESULT_SCHEMA:
+            value = getattr(self, column.name)
+            if column.name in _JSON_FIELDS:
+                value = json.dumps(value)
+            columns.append(pa.array([value], column.type))
+        return pa.RecordBatch.from_arrays(columns, schema=RESULT_SCHEMA)
 
 
 class _RangeProcessor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import string
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from sink_service.decode.compact import FileCompactor
 from sink_service.task import parquet_files
 from sink_service.task.parquet_files import ClosedFile, PartitionFileWriter, schema_fingerprint
 from uploader.parquet_info import BOOKKEEPING_KEY
@@ -274,6 +276,32 @@ def test_abandon_leaves_no_file(tmp_path):
     writer.abandon()
     assert not any(directory.iterdir())
     assert collector.files == []
+
+
+def test_a_scratch_directory_removed_between_files_is_made_again(tmp_path):
+    # The directory is made when opening a file finds it missing, not checked before every file.
+    writer, collector = make_writer(tmp_path, max_records=10)
+    writer.append(chunk(0, 10))
+    shutil.rmtree(tmp_path / "files")
+    writer.append(chunk(10, 10))
+    assert [f.path.exists() for f in collector.files] == [False, True]
+    check_files(collector.files[1:], 10, 19)
+
+
+def test_a_file_rewritten_by_compaction_reports_its_rewritten_size(tmp_path, small_row_groups):
+    # The size is the writer's position unless compaction rewrote the closed file.
+    collector = Collector()
+    writer = PartitionFileWriter(
+        tmp_path / "files", TOPIC, PARTITION, max_bytes=1 << 30, max_records=1_000_000, compression="snappy",
+        on_close=collector, compactor=lambda: FileCompactor(("id",), "_offset"),
+    )
+    for first in range(0, 6000, 1000):  # ids repeat in every chunk: each row group overrides the last
+        table = chunk(first, 1000, text=random_text(random.Random(first), 1000, 100))
+        writer.append(table.set_column(0, "id", pa.array([i % 1000 for i in range(1000)])))
+    writer.finish()
+    (closed,) = collector.files
+    assert closed.record_count == pq.read_metadata(closed.path).num_rows == 1000
+    assert closed.size_bytes == os.path.getsize(closed.path)
 
 
 def test_abandon_with_only_buffered_rows(tmp_path):
