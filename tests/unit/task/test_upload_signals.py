@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -98,6 +99,25 @@ def test_an_upload_still_running_is_announced_from_its_start_and_its_end_follows
     sender.finished("slow.parquet")
     assert driver.kinds() == ["started", "finished"]
     assert driver.live.oldest_age_s(now=time.time()) == 0.0
+
+
+def test_uploads_start_no_thread_each_and_every_slow_one_is_still_announced(driver, monkeypatch):
+    # A timer thread per upload cost every file a thread start; one thread announces for all senders.
+    monkeypatch.setattr(upload_signals, "ANNOUNCE_AFTER_S", 0.3)
+    driver.sender().started("warm.parquet")  # the announcing thread exists from here on
+    threads = threading.active_count()
+    senders = [SignalSender(SignalChannel(driver.url, TOKEN), ("orders", n, 0)) for n in range(30)]
+    for n, sender in enumerate(senders):
+        sender.started(f"f{n}.parquet")
+        if n % 2:
+            sender.finished(f"f{n}.parquet")  # quick: never announced
+    assert threading.active_count() <= threads
+    deadline = time.monotonic() + 10
+    while len(driver.bodies) < 16 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)
+    files = sorted(json.loads(body)["file"] for body in driver.bodies)
+    assert files == sorted(["warm.parquet", *(f"f{n}.parquet" for n in range(0, 30, 2))])
 
 
 def test_signals_with_a_wrong_token_or_garbage_change_nothing(driver):
