@@ -16,8 +16,10 @@ Safety.
   `delta_conflict`, which re-reads the table and its application transactions.
 - Compaction (`optimize.compact`) rewrites files with `dataChange=false` and leaves the log's
   application transactions alone: `transaction_version(app_id)` is the same before and after (tested).
-- Log checkpoints: delta-rs writes one after every `delta.checkpointInterval` (default 100) commits in
-  the commit's post-commit hook, for our merges too (they keep the default hook); with
+- Log checkpoints: delta-rs writes one after every `delta.checkpointInterval` commits in the commit's
+  post-commit hook, for our merges too (they keep the default hook): 10 in the tables the service creates
+  (uploader.delta.TABLE_PROPERTIES: each look at a table replays the log since the checkpoint), delta-rs's
+  default 100 in tables created before; with
   `delta.enableExpiredLogCleanup` (default true) it then removes log entries older than
   `delta.logRetentionDuration` (default 30 days). Maintenance calls `cleanup_metadata()` too, for tables
   whose commits came from writers without the hook. Checkpoints carry the application transactions.

@@ -369,3 +369,18 @@ def test_a_change_log_on_s3_reads_its_commits_stamps_from_the_log(moto_url, aws_
     Compaction(settings, tmp_path / "scratch", keep_applied_s=0).compact(TOPIC, ("id",), "_offset")
     keyed = DeltaTable(settings.uri_for(TOPIC), storage_options=storage_options(settings))
     assert {r["id"]: r["amount"] for r in keyed.to_pyarrow_table().to_pylist()} == {1: 1, 2: 0, 9: 9}
+
+
+def test_tables_the_service_creates_are_checkpointed_every_ten_commits(tmp_path: Path) -> None:
+    """A look at a table (a snapshot update, transaction_version) replays the log since its last checkpoint: one GET
+    per entry on S3, ~100 per look at delta-rs's default interval (the compaction thread looks every 10 s)."""
+    settings = _settings(tmp_path)
+    target = ChangeLogTarget(settings)
+    for n in range(12):
+        target.merge(_files(tmp_path / str(n), [[(n, {"amount": n})]], start=n))
+    changes = DeltaTable(settings.changes_uri_for(TOPIC))
+    assert changes.metadata().configuration.get("delta.checkpointInterval") == "10"
+    assert list((Path(settings.changes_uri_for(TOPIC)) / "_delta_log").glob("*.checkpoint.parquet")), \
+        "a checkpoint within the first 13 commits"
+    Compaction(settings, tmp_path / "scratch", keep_applied_s=0).compact(TOPIC, ("id",), "_offset")
+    assert DeltaTable(settings.uri_for(TOPIC)).metadata().configuration.get("delta.checkpointInterval") == "10"
