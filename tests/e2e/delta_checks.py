@@ -291,6 +291,17 @@ def check_change_log_table(location: DeltaLocation, workload: Workload, topic: s
     return found
 
 
+def change_log_pending_bytes(location: DeltaLocation, group: str, topic: str, scratch: Path) -> int:
+    """Bytes of the change log's files holding changes no compaction has applied yet (0 without a change log)."""
+    from uploader.delta_compaction import Compaction
+    from uploader.delta_settings import DeltaSettings
+
+    settings = DeltaSettings(table_uri=location.uri, group_id=group, endpoint_url=location.endpoint_url,
+                             region="us-east-1", change_log=True)
+    sizes = Compaction(settings, scratch).sizes(topic)
+    return sizes.changes if sizes is not None else 0
+
+
 def count_in_logs(paths: list[Path], text: str) -> int:
     """How often a line of the services' logs says `text` (e.g. a delta_conflict retry)."""
     return sum(p.read_text(errors="replace").count(text) for p in paths if p.exists())
