@@ -131,12 +131,13 @@ class Stamps:
         self.log = log
         self._of: dict[int, int | None] = {}  # version -> its rows' stamp (None: no append of this mode's)
 
-    def floors(self, changes: DeltaTable, applied: Mapping[int, int | None]) -> dict[int, int | None]:
+    def floors(self, changes: DeltaTable, applied: Mapping[int, int | None],
+               actions: pa.Table | None = None) -> dict[int, int | None]:
         """Per bucket, the lowest stamp of a row appended after its applied version, as of the snapshot `changes`
         (None: every row may be pending: the bucket was never compacted, the log no longer reaches back, or it has
         no rows in the change log, so that a bucket whose keys stopped changing does not hold the log's reading
-        back at its last compaction)."""
-        holding = _buckets_holding_rows(changes)
+        back at its last compaction). `actions`: the snapshot's `add_actions`, when the caller has read them."""
+        holding = _buckets_holding_rows(add_actions(changes) if actions is None else actions)
         known = [a for b, a in applied.items() if a is not None and b in holding]
         if not known:
             return dict.fromkeys(applied)
@@ -160,8 +161,14 @@ class Stamps:
             del self._of[version]
 
 
-def _buckets_holding_rows(changes: DeltaTable) -> set[int]:
-    actions = pa.table(changes.get_add_actions(flatten=True))  # deltalake hands an arro3 table
+def add_actions(changes: DeltaTable) -> pa.Table:
+    """The snapshot's files, one row each, partition values and statistics flattened into columns: read once per
+    compaction check, for both the buckets holding rows and the pending bytes (delta-rs builds the table anew at
+    each call)."""
+    return pa.table(changes.get_add_actions(flatten=True))  # deltalake hands an arro3 table
+
+
+def _buckets_holding_rows(actions: pa.Table) -> set[int]:
     if actions.num_rows == 0:
         return set()
     return {int(b) for b in pc.unique(actions.column(f"partition.{BUCKET}")).to_pylist() if b is not None}

@@ -38,7 +38,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
 from uploader.delta import _FILE, CONFLICT, DeltaTarget, _Piece, _with_every_column, classify_error
-from uploader.delta_changes import CHANGE_VERSION, Stamps, merged_by, pending
+from uploader.delta_changes import CHANGE_VERSION, Stamps, add_actions, merged_by, pending
 from uploader.delta_log import CommitLog
 from uploader.delta_maintenance import maintain
 from uploader.delta_settings import BUCKET, DeltaSettings
@@ -90,7 +90,8 @@ class Compaction:
         uri = self.settings.uri_for(topic)
         keyed = self.keyed._open(uri)
         applied = {b: _applied(keyed, self.settings.compaction_app_id(b)) for b in range(self.settings.buckets)}
-        return Sizes(_pending_bytes(changes, self._floors(changes, applied)), _bytes(keyed) if keyed else 0)
+        actions = add_actions(changes)
+        return Sizes(_pending_bytes(actions, self._floors(changes, applied, actions)), _bytes(keyed) if keyed else 0)
 
     def merged_by(self, topic: str) -> tuple[tuple[str, ...], str | None] | None:
         """The keys and order column of the topic's change log (from its appends' commit info); None without one."""
@@ -216,8 +217,9 @@ class Compaction:
         fitted = fitted.append_column(_FILE, versions.cast(pa.int32()))
         return _with_every_column(fitted, pa.schema(keyed.schema().to_arrow()))
 
-    def _floors(self, changes: DeltaTable, applied: dict[int, int | None]) -> dict[int, int | None]:
-        return self._stamps_of(changes).floors(changes, applied)
+    def _floors(self, changes: DeltaTable, applied: dict[int, int | None],
+                actions: pa.Table | None = None) -> dict[int, int | None]:
+        return self._stamps_of(changes).floors(changes, applied, actions)
 
     def _stamps_of(self, changes: DeltaTable) -> Stamps:
         if changes.table_uri not in self._stamps:
@@ -261,10 +263,10 @@ def _applied(table: DeltaTable | None, app_id: str) -> int | None:
     return table.transaction_version(app_id) if table is not None else None
 
 
-def _pending_bytes(changes: DeltaTable, floors: dict[int, int | None]) -> int:
-    """Bytes of the change-log files holding a row at or above its bucket's floor (by the files' statistics: an
-    append writes one file per bucket, all of one stamp). Rows applied and kept for readers do not count."""
-    actions = pa.table(changes.get_add_actions(flatten=True))
+def _pending_bytes(actions: pa.Table, floors: dict[int, int | None]) -> int:
+    """Bytes of the change-log files (`add_actions`) holding a row at or above its bucket's floor (by the files'
+    statistics: an append writes one file per bucket, all of one stamp). Rows applied and kept for readers do not
+    count."""
     if actions.num_rows == 0:
         return 0
     newest = actions.column(f"max.{CHANGE_VERSION}").to_pylist()
@@ -275,7 +277,7 @@ def _pending_bytes(changes: DeltaTable, floors: dict[int, int | None]) -> int:
 
 
 def _bytes(table: DeltaTable) -> int:
-    actions = pa.table(table.get_add_actions(flatten=True))  # deltalake hands an arro3 table
+    actions = add_actions(table)
     return int(pc.sum(actions.column("size_bytes")).as_py() or 0) if actions.num_rows else 0
 
 
