@@ -118,7 +118,8 @@ def pending(changes: DeltaTable, floors: Mapping[int, int | None]) -> pa.Table:
 
 class Stamps:
     """The stamps of the change log's appends, read from their commit infos once per version (a log entry never
-    changes): which rows a compaction through a version has not applied.
+    changes, and one the log's clean-up removed never comes back): which rows a compaction through a version has not
+    applied.
 
     A row appended after version `a` carries a stamp of at least `floor(a)`, the lowest stamp of the appends
     committed after `a` (or `a + 1`). Rows below it were committed at or below `a`: applied by a compaction through
@@ -130,6 +131,7 @@ class Stamps:
     def __init__(self, log: CommitLog) -> None:
         self.log = log
         self._of: dict[int, int | None] = {}  # version -> its rows' stamp (None: no append of this mode's)
+        self._gone: set[int] = set()  # versions whose log entry the clean-up removed: no floor through them
 
     def floors(self, changes: DeltaTable, applied: Mapping[int, int | None],
                actions: pa.Table | None = None) -> dict[int, int | None]:
@@ -153,12 +155,19 @@ class Stamps:
         return floors
 
     def _read(self, first: int, last: int) -> None:
+        """The stamps of versions `first`..`last` not read before; a missing entry is remembered as such (it sits
+        below the log's oldest entry: on S3 it would be one 404 per check, forever)."""
         for version in range(first, last + 1):
-            if version not in self._of and (info := self.log.commit_info(version)) is not None:
-                stamp = info.get(META_STAMP)
-                self._of[version] = int(stamp) if stamp is not None else None
+            if version in self._of or version in self._gone:
+                continue
+            if (info := self.log.commit_info(version)) is None:
+                self._gone.add(version)
+                continue
+            stamp = info.get(META_STAMP)
+            self._of[version] = int(stamp) if stamp is not None else None
         for version in [v for v in self._of if v < first]:  # below the oldest applied version: never asked again
             del self._of[version]
+        self._gone = {v for v in self._gone if v >= first}
 
 
 def add_actions(changes: DeltaTable) -> pa.Table:

@@ -1,6 +1,8 @@
-"""The compaction check (Compaction.sizes, after every micro-batch): what each check reads.
+"""The compaction check (Compaction.sizes, after every micro-batch) and its log reader: what each check reads, and
+that the S3 client it reads the log with is closed with the compaction.
 
-A check must not repeat work: the change log's add actions are read once per check.
+A check must not repeat work: the change log's add actions are read once per check, and a log entry delta-rs's log
+clean-up removed is asked for once, not at every check (on S3 one 404 per check, forever).
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from deltalake import DeltaTable
 
 from tests.component.uploader.test_delta_change_log import _settings
 from tests.component.uploader.test_delta_exact_rows import TOPIC, _files
-from uploader.delta_changes import ChangeLogTarget
+from uploader.delta_changes import ChangeLogTarget, add_actions
 from uploader.delta_compaction import Compaction
+from uploader.delta_log import CommitLog
 
 
 def _count_add_actions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -29,6 +32,19 @@ def _count_add_actions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
+def _count_log_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of each log entry CommitLog reads, found or not."""
+    real = CommitLog._read
+    reads: list[str] = []
+
+    def counted(self: CommitLog, name: str) -> str | None:
+        reads.append(name)
+        return real(self, name)
+
+    monkeypatch.setattr(CommitLog, "_read", counted)
+    return reads
+
+
 def test_a_check_reads_the_change_logs_add_actions_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Both the buckets holding rows (Stamps.floors) and the pending bytes come from one reading of the add actions."""
     settings = _settings(tmp_path)
@@ -42,3 +58,40 @@ def test_a_check_reads_the_change_logs_add_actions_once(tmp_path: Path, monkeypa
     assert sizes == before and sizes is not None and sizes.changes > 0
     changes_uri = DeltaTable(settings.changes_uri_for(TOPIC)).table_uri
     assert calls.count(changes_uri) == 1, calls
+
+
+def _log_cleaned_up_below_a_checkpoint(tmp_path: Path) -> tuple[Path, int]:
+    """A change log compacted once, appended to until checkpointed, then its entries below the checkpoint removed (as
+    delta-rs's log clean-up does): the removed entry right above the applied version, and the log directory."""
+    settings = _settings(tmp_path)
+    target = ChangeLogTarget(settings)
+    target.merge(_files(tmp_path / "first", [[(k, {"amount": k}) for k in range(20)]]))
+    Compaction(settings, tmp_path / "scratch", keep_applied_s=3600).compact(TOPIC, ("id",), "_offset")
+    applied = DeltaTable(settings.uri_for(TOPIC)).transaction_version(settings.compaction_app_id(0))
+    assert applied is not None
+    for n in range(1, 13):
+        target.merge(_files(tmp_path / f"f{n}", [[(k, {"amount": n}) for k in range(20)]], start=20 * n))
+    entries = Path(settings.changes_uri_for(TOPIC)) / "_delta_log"
+    checkpoints = sorted(int(p.name.split(".")[0]) for p in entries.glob("*.checkpoint.parquet"))
+    assert checkpoints and checkpoints[-1] > applied + 1, "a checkpoint above the applied version"
+    for entry in entries.glob("*.json"):
+        if int(entry.name.split(".")[0]) < checkpoints[-1]:
+            entry.unlink()
+    return entries, applied + 1
+
+
+def test_a_log_entry_the_clean_up_removed_is_read_once_and_its_rows_stay_pending(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A version below the log's oldest entry never comes back: remembered as missing, not asked for again at every
+    check. The rows whose stamp it held stay pending (the bucket's floor is unknown), check after check."""
+    _, gone = _log_cleaned_up_below_a_checkpoint(tmp_path)
+    settings = _settings(tmp_path)
+    compaction = Compaction(settings, tmp_path / "scratch", keep_applied_s=3600)
+    reads = _count_log_reads(monkeypatch)
+    first = compaction.sizes(TOPIC)
+    second = compaction.sizes(TOPIC)
+    name = f"_delta_log/{gone:020d}.json"
+    assert reads.count(name) == 1, f"{name} read {reads.count(name)} times over two checks"
+    changes = DeltaTable(settings.changes_uri_for(TOPIC))
+    every_byte = sum(add_actions(changes).column("size_bytes").to_pylist())
+    assert first == second and first is not None and first.changes == every_byte, "every row treated as pending"
