@@ -140,6 +140,12 @@ class Compaction:
         totals["duration_s"] = round(time.monotonic() - started, 3)
         return totals
 
+    def close(self) -> None:
+        """Close the S3 clients the log readers hold (one per change log on S3; a later check opens a new one)."""
+        stamps, self._stamps = list(self._stamps.values()), {}
+        for held in stamps:
+            held.log.close()
+
     def _changes(self, topic: str) -> DeltaTable | None:
         """The change log's newest snapshot, in an object of its own (a compaction works on one version while
         batches append), brought up to date by reading only the log entries since the last look: a fresh load

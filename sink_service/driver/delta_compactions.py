@@ -66,16 +66,17 @@ class BackgroundCompactions:
 
     def stop(self, timeout_s: float) -> bool:
         """At shutdown: let a running compaction finish its bucket (each bucket is one atomic commit) and end the
-        thread, so no delta-rs call is left running while the interpreter exits. False when it did not end."""
+        thread, so no delta-rs call is left running while the interpreter exits; then close the compaction's S3
+        clients. False when it did not end (its clients are left to it)."""
         self._stop.set()
         self._wake.set()
-        if self._thread is None:
-            return True
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
-            log.warning("a compaction of the change log was still running after %.0fs at shutdown; what it "
-                        "committed holds, the rest is compacted after the restart", timeout_s)
-            return False
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.warning("a compaction of the change log was still running after %.0fs at shutdown; what it "
+                            "committed holds, the rest is compacted after the restart", timeout_s)
+                return False
+        self.compaction.close()
         return True
 
     def _run(self) -> None:
