@@ -21,13 +21,7 @@ from confluent_kafka import KafkaException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from sink_service.config import SinkConfig, transform_for
-from sink_service.config.decode_spec import decode_spec
-from sink_service.config.upload_targets import (
-    build_target,
-    target_settings,
-    task_target_settings,
-)
+from sink_service.config import SinkConfig
 from sink_service.driver.backlog import BacklogProgress
 from sink_service.driver.health import Health
 from sink_service.driver.live_uploads import LiveUploads
@@ -43,18 +37,10 @@ from sink_service.kafka_source.membership import CommitRefused, GroupMembership
 from sink_service.kafka_source.offsets import KafkaOffsets, Subscription
 from sink_service.kafka_source.planner_hints import PlannerHints
 from sink_service.kafka_source.positions import nest
-from sink_service.task.dead_letters import DeadLetterSpec
-from sink_service.task.partition_task import (
-    ERROR_PROCESSING,
-    RESULT_SCHEMA_DDL,
-    STATUS_FATAL,
-    STATUS_OK,
-    STATUS_RETRYABLE,
-    TaskSpec,
-)
+from sink_service.task.outcomes import ERROR_PROCESSING, RESULT_SCHEMA_DDL, STATUS_FATAL, STATUS_OK, STATUS_RETRYABLE
+from sink_service.task.recipe import TaskRecipe
 from sink_service.task.upload_signals import NO_SIGNALS, SignalChannel, signal_url
 from uploader.errors import FatalUploadError, RetryableUploadError
-from uploader.parking import ParkingSettings
 
 if TYPE_CHECKING:
     from sink_service.driver.delta_batches import DeltaBatches
@@ -101,36 +87,24 @@ class Pipeline:
             # Executors reach the driver where Spark does; local executors run in this process.
             host = "127.0.0.1" if config.spark_master.startswith("local") else spark.conf.get("spark.driver.host")
             signals = SignalChannel(signal_url(config.http_host, config.http_port, host), live_uploads.token)
-        self.task_spec = TaskSpec(
-            decode=decode_spec(config),
-            target_settings=task_target_settings(config),
-            build_target=build_target,
-            table_template=config.ems_target_table or "{topic}",
-            scratch_dir=str(scratch),
-            flush_bytes=config.flush_bytes,
-            flush_records=config.flush_records,
-            compression=config.parquet_compression,
-            error_policy=config.error_policy,
-            compact_files=config.compact_files,
-            typed_table=config.target == "delta",
-            signals=signals,
-            dead_letters=DeadLetterSpec.of(config.dlq_topic, self.client_config) if config.dlq_topic else None,
-            transform=transform_for(config),
-        )
+        # Plain configuration: each executor builds its decoders and target from it (task/recipe.py).
+        self.task_recipe = TaskRecipe.of(config, self.client_config, signals)
 
         self.delta = self._delta_batches() if config.target == "delta" else None
 
     def _delta_batches(self) -> DeltaBatches:
         """The driver's half of a Delta target: tasks stage, the driver merges each batch in one commit."""
+        from sink_service.config.upload_targets import target_settings
         from sink_service.driver.delta_bad_values import DeltaBadValues  # deltalake only for a Delta target
         from sink_service.driver.delta_batches import DeltaBatches
         from sink_service.task.range_reader import consumer_config
+        from uploader.parking import ParkingSettings
 
         settings = target_settings(self.config)
         parked = None
         if isinstance(settings, ParkingSettings):
             settings, parked = settings.inner, settings.parked
-        bad_values = DeltaBadValues(self.config.error_policy, self.metrics, self.task_spec.dead_letters,
+        bad_values = DeltaBadValues(self.config.error_policy, self.metrics, self.task_recipe.dead_letters(),
                                     consumer_config(self.client_config, self.config.group_id),
                                     self.config.read_batch_max_bytes)
         return DeltaBatches(settings, parked, Path(self.config.scratch_dir), self.config.delta_merge_max_bytes,
@@ -188,7 +162,7 @@ class Pipeline:
             retention_gap_policy=c.retention_gap_policy,
             read_batch_max_bytes=c.read_batch_max_bytes,
             state_dir=str(self.state_dir),
-            task=SourceOptions.pack_task(self.task_spec),
+            task=SourceOptions.pack_task(self.task_recipe),
         )
         stream = (
             self.spark.readStream.format(FORMAT_NAME)

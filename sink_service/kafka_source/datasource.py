@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import gc
 import heapq
 import json
@@ -30,6 +31,7 @@ from pyspark.sql.streaming.datasource import ReadLimit
 from sink_service.kafka_source.admission import Admission, Thresholds
 from sink_service.kafka_source.planner_hints import PlannerHints
 from sink_service.kafka_source.positions import OffsetGapError, flatten, nest
+from sink_service.task.outcomes import RESULT_SCHEMA_DDL
 from sink_service.task.ranges import Range
 
 if TYPE_CHECKING:
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 
     from sink_service.kafka_source.offsets import KafkaOffsets
     from sink_service.task.partition_task import TaskSpec
+    from sink_service.task.recipe import TaskRecipe
 
 log = logging.getLogger(__name__)
 
@@ -65,17 +68,17 @@ class SourceOptions:
     retention_gap_policy: str
     read_batch_max_bytes: int
     state_dir: str  # planner <-> driver hints (size estimates, pending state); never needed for correctness
-    task: str  # the pickled TaskSpec (decode, Parquet and upload settings), base64
+    task: str  # the pickled TaskRecipe (the configuration tasks build their spec from), base64
 
     def to_option(self) -> str:
         return json.dumps(asdict(self))
 
     @staticmethod
-    def pack_task(spec: TaskSpec) -> str:
-        return base64.b64encode(pickle.dumps(spec)).decode()
+    def pack_task(recipe: TaskRecipe) -> str:
+        return base64.b64encode(pickle.dumps(recipe)).decode()
 
     def task_spec(self) -> TaskSpec:
-        return pickle.loads(base64.b64decode(self.task))
+        return _task_spec(self.task)
 
     @classmethod
     def from_option(cls, text: str) -> SourceOptions:
@@ -121,10 +124,7 @@ class KafkaRangeDataSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> str:
-        # Only when the query gives none: the driver passes it, sparing the planning process the import.
-        from sink_service.task.partition_task import RESULT_SCHEMA_DDL
-
-        return RESULT_SCHEMA_DDL
+        return RESULT_SCHEMA_DDL  # only when the query gives none: the driver passes it
 
     def streamReader(self, schema) -> KafkaRangeStreamReader:
         return KafkaRangeStreamReader(SourceOptions.from_option(self.options["secret_config"]))
@@ -244,6 +244,13 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
                 for outcome in outcomes:
                     yield outcome.result()
         _freeze_worker_heap()
+
+
+@functools.lru_cache(maxsize=2)
+def _task_spec(packed: str) -> TaskSpec:
+    """Built once per Python worker and query: Spark reuses a worker for later tasks, and the
+    recipe of one query is the same string in all of them."""
+    return pickle.loads(base64.b64decode(packed)).build()
 
 
 _heap_frozen = False  # per Python worker process, which Spark reuses for later tasks

@@ -28,15 +28,19 @@ class PlannerHints:
         old = self.bytes_per_record.get(topic)
         self.bytes_per_record[topic] = sample if old is None else 0.7 * old + 0.3 * sample
 
-    def learn_types(self, topic: str, written: str) -> None:
-        # The driver's side only: the planner process reads hints without importing the decoders.
+    def learn_types(self, topic: str, widened: str) -> None:
+        """`widened`: a range's floor joined with what it wrote, or "" when that added nothing."""
+        known = self.column_types.get(topic)
+        if not widened or widened == known:
+            return
+        if known is None:
+            self.column_types[topic] = widened
+            return
+        # Only when ranges planned on different floors widened a topic: the driver of a target other
+        # than Delta loads pyarrow for nothing else.
         from uploader.column_types import decode_schema, encode_schema, join_schemas
 
-        schema = decode_schema(written)
-        if schema is None:
-            return
-        known = decode_schema(self.column_types.get(topic, ""))
-        self.column_types[topic] = encode_schema(schema if known is None else join_schemas(known, schema))
+        self.column_types[topic] = encode_schema(join_schemas(decode_schema(known), decode_schema(widened)))
 
     def save(self, directory: Path) -> None:
         path = directory / HINTS_FILE

@@ -28,61 +28,37 @@ from sink_service.decode.registry import RegistryRefused, RegistryUnavailable
 from sink_service.logs import WorkerLogging, configure_worker, current
 from sink_service.shared.kafka_access import KafkaAccessRefused
 from sink_service.task.dead_letters import DeadLetterError, DeadLetterRefused, DeadLetters, DeadLetterSpec
+from sink_service.task.outcomes import (
+    ERROR_DEAD_LETTER,
+    ERROR_PROCESSING,
+    ERROR_READ,
+    ERROR_UPLOAD,
+    RESULT_COLUMNS,
+    STATUS_FATAL,
+    STATUS_OK,
+    STATUS_RETRYABLE,
+)
 from sink_service.task.parquet_files import ClosedFile, PartitionFileWriter
 from sink_service.task.range_reader import unreadable_headers
 from sink_service.task.ranges import Range
 from sink_service.task.upload_signals import NO_SIGNALS, SignalChannel, SignalSender
 from sink_service.transform.rows import Transform, TransformFailed
-from uploader.column_types import encode_schema
+from uploader.column_types import encode_schema, join_schemas
 from uploader.errors import FatalUploadError, RetryableUploadError
 from uploader.parking import PARKED_TARGET
 from uploader.target import FileMetadata, Receipt, UploadTarget
 
 log = logging.getLogger("sink_service.task")
 
-STATUS_OK = "ok"
-STATUS_RETRYABLE = "retryable"  # replay from the committed offsets
-STATUS_FATAL = "fatal"  # stop the service: retrying cannot fix it
-# Why a range stopped early. Upload and read failures are outages: retried while the service stays
-# up. A processing failure survived the record-by-record pass, so the driver counts repeats.
-# A dead-letter topic that does not acknowledge is an outage too, unless it refuses for a reason no
-# replay changes (not authorised, no such topic): that is fatal (see `sink_service.task.dead_letters`).
-ERROR_UPLOAD = "upload"
-ERROR_READ = "read"
-ERROR_DEAD_LETTER = "dead_letter"
-ERROR_PROCESSING = "processing"
-
-_DDL_TYPES = {pa.string(): "STRING", pa.int32(): "INT", pa.int64(): "BIGINT"}
-RESULT_SCHEMA = pa.schema([
-    ("topic", pa.string()),
-    ("partition", pa.int32()),
-    ("range_start", pa.int64()),
-    ("range_end", pa.int64()),
-    ("committable", pa.int64()),
-    ("status", pa.string()),
-    ("error", pa.string()),
-    ("failure_class", pa.string()),  # "", "retryable" or "fatal": upload failures only
-    ("error_kind", pa.string()),  # "", ERROR_UPLOAD, ERROR_READ, ERROR_DEAD_LETTER or ERROR_PROCESSING
-    ("records_read", pa.int64()),
-    ("records_written", pa.int64()),
-    ("records_uploaded", pa.int64()),
-    ("records_filtered", pa.int64()),  # left out by SINK_TRANSFORM_SQL's WHERE: processed, not lost
-    ("bad_records", pa.int64()),
-    ("bad_reasons", pa.string()),  # JSON {kind: count}
-    ("bad_samples", pa.string()),  # JSON list of BadRecord descriptions
-    ("dead_letters", pa.string()),  # JSON {kind: count}: acknowledged by the dead-letter topic
-    ("retries", pa.string()),  # JSON {reason: count}
-    ("files", pa.string()),  # JSON list of uploaded file descriptions
-    ("written_schema", pa.string()),  # the widest types of the uploaded files, encoded (planner_hints)
-])
-RESULT_SCHEMA_DDL = ", ".join(f"{f.name} {_DDL_TYPES[f.type]}" for f in RESULT_SCHEMA)
+_ARROW_TYPES = {"STRING": pa.string(), "INT": pa.int32(), "BIGINT": pa.int64()}
+RESULT_SCHEMA = pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in RESULT_COLUMNS])
 MAX_BAD_SAMPLES = 20
 _JSON_FIELDS = frozenset(("bad_reasons", "bad_samples", "dead_letters", "retries", "files"))
 
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """Everything a task needs; pickled into the Spark plan once per query."""
+    """Everything a task needs; each Python worker builds it from the driver's `TaskRecipe` (task/recipe.py)."""
 
     decode: DecodeSpec
     target_settings: Hashable
@@ -100,8 +76,8 @@ class TaskSpec:
     signals: SignalChannel = NO_SIGNALS  # live upload signals to the driver
     dead_letters: DeadLetterSpec | None = None  # required with error_policy "dlq"
     transform: Transform | None = None  # SINK_TRANSFORM_SQL, run on each decoded segment
-    # The driver's log format and secret scrubber, taken when the spec is built there (after
-    # `logs.configure`), installed in each Python worker by `process_range`.
+    # The driver's log format and secret scrubber (the recipe's), installed in each Python worker by
+    # `process_range`.
     logging: WorkerLogging | None = field(default_factory=current)
 
     def table_for(self, topic: str) -> str:
@@ -465,5 +441,19 @@ def process_range(
         processor.writer.abandon()
         o.status, o.error_kind, o.error = STATUS_RETRYABLE, ERROR_PROCESSING, f"{type(exc).__name__}: {exc}"
     log.debug("range %s done in %.2fs", rng, time.monotonic() - started)
-    o.written_schema = encode_schema(processor.writer.written_schema)
+    o.written_schema = _widened(floor, processor.writer.written_schema)
     return o.to_batch()
+
+
+def _widened(floor: pa.Schema | None, written: pa.Schema | None) -> str:
+    """The topic's types after this range, encoded, or "" when its files added nothing to the floor.
+
+    Joined here, where pyarrow is loaded anyway: the driver learns nothing from most ranges, and
+    needs the type lattice (and pyarrow) only when ranges of one batch widened a topic differently.
+    """
+    if written is None:
+        return ""
+    if floor is None:
+        return encode_schema(written)
+    joined = join_schemas(floor, written)
+    return "" if joined.equals(floor) else encode_schema(joined)

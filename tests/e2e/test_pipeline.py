@@ -50,6 +50,10 @@ def _deliver_two_topics(bootstrap, ems, unique, service_env, services, **overrid
     # tests/e2e/test_planner_processes.py).
     assert any("python_streaming_source_runner" in cmdline for cmdline in workers), workers
     assert not [cmdline for cmdline in workers if "lookup_data_sources" in cmdline], workers
+    # The driver of an EMS target plans and commits: its tasks build their decoders and target from the
+    # configuration (task/recipe.py), so pyarrow and numpy (~50 MB) never load in it.
+    driver_libraries = Path(f"/proc/{service.pid}/maps").read_text()
+    assert "libarrow" not in driver_libraries and "numpy" not in driver_libraries
     # What `ps` shows any local user and every monitoring agent: no secret on any command line of
     # this machine (the driver's spark-submit, launcher and JVM, the cluster's daemons and executors).
     secrets = [str(value) for name, value in overrides.items() if "SECRET" in name]

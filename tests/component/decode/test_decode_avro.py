@@ -20,7 +20,8 @@ from local_registry import LocalRegistry
 from sink_service.config.upload_targets import build_target
 from sink_service.decode import RAW_SCHEMA, DecodeSpec, decode
 from sink_service.decode.registry import RegistryClient, RegistryRefused, RegistrySettings, RegistryUnavailable
-from sink_service.task.partition_task import ERROR_READ, TaskSpec, process_range
+from sink_service.task.outcomes import ERROR_READ
+from sink_service.task.partition_task import TaskSpec, process_range
 from sink_service.task.ranges import Range
 from uploader.directory import DirectorySettings
 from uploader.retry import RetryPolicy

@@ -19,7 +19,8 @@ from sink_service.config.upload_targets import build_target
 from sink_service.decode import RAW_SCHEMA, BadRecord, DecodeSpec
 from sink_service.task import dead_letters
 from sink_service.task.dead_letters import DeadLetterSpec, dead_letter_headers, original_headers
-from sink_service.task.partition_task import ERROR_DEAD_LETTER, TaskSpec, process_range
+from sink_service.task.outcomes import ERROR_DEAD_LETTER
+from sink_service.task.partition_task import TaskSpec, process_range
 from sink_service.task.ranges import Range
 from tests.support.config_helpers import config_problems, ems_env
 from tests.unit.task.test_partition_task import spec as task_spec

@@ -7,6 +7,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -160,12 +161,22 @@ def test_a_task_reads_its_ranges_together_and_uploads_each_partitions_files_in_o
     assert assigns == [[(topic, p, 10) for p in range(PARTITIONS)]]
 
 
+@dataclass(frozen=True)
+class _Built:
+    """A recipe whose spec is built already: the test's spec writes where the test says."""
+
+    spec: TaskSpec
+
+    def build(self) -> TaskSpec:
+        return self.spec
+
+
 def _task_outcomes(bootstrap: str, group: str, ranges: list[Range], task: TaskSpec, tmp_path: Path) -> list[dict]:
     options = SourceOptions(
         client_config={"bootstrap.servers": bootstrap}, group_id=group, starting_positions={},
         flush_records=task.flush_records, flush_bytes=1 << 30, flush_interval_ms=1000, max_files_per_batch=8,
         executor_cores=1, retention_gap_policy="fail", read_batch_max_bytes=MAX_BYTES, state_dir=str(tmp_path),
-        task=SourceOptions.pack_task(task),
+        task=SourceOptions.pack_task(_Built(task)),
     )
     return [row for batch in KafkaRangeStreamReader(options).read(
         KafkaRangePartition([PlannedRange(rng) for rng in ranges])) for row in batch.to_pylist()]

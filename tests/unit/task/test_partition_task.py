@@ -14,7 +14,8 @@ from sink_service.config.upload_targets import build_target
 from sink_service.decode import RAW_SCHEMA, DecodeSpec
 from sink_service.kafka_source.planner_hints import PlannerHints
 from sink_service.task import parquet_files
-from sink_service.task.partition_task import ERROR_PROCESSING, ERROR_READ, TaskSpec, process_range
+from sink_service.task.outcomes import ERROR_PROCESSING, ERROR_READ
+from sink_service.task.partition_task import TaskSpec, process_range
 from sink_service.task.ranges import Range
 from uploader.column_types import decode_schema, encode_schema
 from uploader.directory import DirectorySettings
@@ -126,6 +127,31 @@ def test_the_topics_widest_types_are_the_floor_of_later_files(tmp_path):
     assert pq.read_schema(written).field("version").type == pa.string()
     assert pq.read_table(written).column("version").to_pylist() == [str(i) for i in range(20)]
     assert decode_schema(outcome["written_schema"]).field("version").type == pa.string()
+
+
+def test_a_range_reports_only_what_it_added_to_its_floor(tmp_path):
+    """The driver learns a topic's types from these: nothing new is "", so it never decodes a schema."""
+    def written(partition: int, start: int, floor: pa.Schema | None) -> str:
+        rng = Range("t", partition, start, start + 20)
+        return process_range(spec(tmp_path), rng, reader(topic_log(start + 20, set())), floor).to_pylist()[0][
+            "written_schema"]
+
+    first = decode_schema(written(0, 0, None))  # no floor yet: all it wrote
+    assert first.field("version").type == pa.int64() and "id" in first.names
+    assert written(0, 20, first) == ""
+    texts = pa.schema([(f.name, pa.string() if f.name == "version" else f.type) for f in first])
+    assert written(1, 0, pa.schema([*texts, ("gone", pa.int64())])) == ""  # versions as text; a column it lacks
+    joined = decode_schema(written(2, 0, pa.schema([("elsewhere", pa.float64())])))
+    assert joined.names[0] == "elsewhere" and joined.field("version").type == pa.int64()
+
+
+def test_planner_hints_take_a_first_range_as_is_and_skip_ranges_that_added_nothing():
+    hints = PlannerHints()
+    first = encode_schema(pa.schema([("x", pa.int64())]))
+    hints.learn_types("t", first)
+    hints.learn_types("t", "")
+    hints.learn_types("t", first)
+    assert hints.column_types == {"t": first}
 
 
 def test_planner_hints_join_the_types_of_every_range(tmp_path):
