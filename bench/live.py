@@ -153,8 +153,11 @@ def run_live_system(system: System, ctx: RunContext, producer: LiveProducer, end
                 raise RuntimeError("the system exited while the producer was running")
             stats = producer.result(0.1)
         ends = end_offsets(ctx.bootstrap, ctx.topic, ctx.partitions)
-        if sum(ends.values()) != stats["records"]:
-            raise RuntimeError(f"end offsets {ends} do not add up to {stats['records']} records")
+        if sum(ends.values()) < stats["records"]:
+            raise RuntimeError(f"end offsets {ends} hold fewer than the {stats['records']} records produced")
+        # The producer is not idempotent: a send retried after a lost acknowledgement is written twice
+        # (7 of 21M records in a 70-minute run). Those offsets must be committed too.
+        result["producer_duplicates"] = sum(ends.values()) - stats["records"]
         watcher.set_end(ends)
         timeline = watcher.wait_until_done(go, args.timeout, system.alive, args.stall_timeout, interval_s=0.1)
         after = sampler.snapshot()
