@@ -31,6 +31,8 @@ class FlushSettings:
         "SINK_POLL_INTERVAL_MS", "Micro-batch trigger interval: how often thresholds are checked.",
         1000, minimum=50, group="Flush")
     max_files_per_batch: int = setting(
-        "SINK_MAX_FILES_PER_BATCH", "Most offset ranges (files) admitted into one micro-batch; "
-        "bounds batch duration, time to the first commit and how much is replayed after a crash.", 8, minimum=1,
+        "SINK_MAX_FILES_PER_BATCH", "Most files' worth of records admitted into one micro-batch: a whole file "
+        "counts one, a smaller range released by the time threshold its share of a file and at least a third (so 24 "
+        "quiet partitions fit where 8 files would); bounds batch duration, time to the first commit and how much is "
+        "replayed after a crash.", 8, minimum=1,
         group="Flush")

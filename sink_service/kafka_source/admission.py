@@ -15,6 +15,12 @@ With riders, time-driven batches come at least half an interval apart, however m
 there are. The price, at high rates: one burst of files per interval instead of several smaller
 ones, so the last file of a burst arrives later (80k records/s: p99 6.5 -> 8.4 s).
 
+A batch's budget (`max_ranges_per_batch`) counts files: a whole file costs one, and a range smaller
+than a file (the part time releases: a quiet partition, a busy one's tail) its share of a file and
+at least `MIN_RANGE_COST`. Counted as one each, such ranges made batches of 8 out of 96 partitions
+due by time, each partition waiting about 12 batches for its turn; a backlog's batches, made of
+whole files, hold `SINK_MAX_FILES_PER_BATCH` files as before.
+
 Pure logic, no Kafka: unit-tested directly.
 """
 
@@ -24,6 +30,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 TopicPartition = tuple[str, int]
+# The least a range costs of the budget: a range has fixed costs (a file, an upload, an outcome row)
+# whatever it holds. Live at 20k records/s over 96 partitions (28 Nov, two runs each; bench/README.md):
+# 8 ranges a batch (a cost of one) p50 5.7 / p99 12.2 s at 14.6-15.1 CPU-s per M records, 24 (a third)
+# 4.9-5.0 / 10.3-10.5 s at 13.9, 96 (every due range at once) 5.7-6.1 / 11.1-12.6 s at 13.2-13.5.
+MIN_RANGE_COST = 1 / 3
 
 
 @dataclass(frozen=True)
@@ -31,7 +42,7 @@ class Thresholds:
     records: int
     bytes: int
     interval_s: float
-    max_ranges_per_batch: int  # in files' worth of records: one partition's range may hold several
+    max_ranges_per_batch: int  # in files' worth of records: a range may hold several, or a share of one
     # The first batch after a start holds one wave of files (one per core), so the first commit,
     # and readiness, come after seconds rather than after a whole backlog.
     first_batch_ranges: int | None = None
@@ -75,6 +86,7 @@ class Admission:
         estimates = bytes_per_record or {}
         # (since, partition, records due by a threshold, records pending), oldest first
         candidates: list[tuple[float, TopicPartition, int, int]] = []
+        file_records: dict[TopicPartition, int] = {}  # a file's worth of records, by the byte estimate
         new_since = now if self.last_plan_at is None else self.last_plan_at
         rider_age = limits.interval_s / 2
         for tp, begin in start.items():
@@ -87,6 +99,7 @@ class Admission:
             estimate = estimates.get(tp[0])
             if estimate:
                 records_per_file = max(1, min(records_per_file, int(limits.bytes / estimate)))
+            file_records[tp] = records_per_file
             timed_out = now - since >= limits.interval_s
             # By count or size only whole files are admitted; by time, everything pending.
             admit = pending if timed_out else (pending // records_per_file) * records_per_file
@@ -104,18 +117,23 @@ class Admission:
         due = [entry for entry in due if entry[2] > 0]
         end = dict(start)
         # Oldest pending data first; every due partition gets one file's worth before any gets two.
-        budget = limits.max_ranges_per_batch
+        budget: float = limits.max_ranges_per_batch
+        least_cost = MIN_RANGE_COST
         if not self.admitted_before and limits.first_batch_ranges:
-            budget = min(budget, limits.first_batch_ranges)
+            # One wave: a range per core, whatever it holds, so the first commit comes after one task each.
+            budget, least_cost = min(budget, limits.first_batch_ranges), 1.0
         grants = {tp: 0 for _, tp, _ in due}
         while budget > 0:
             progressed = False
             for _, tp, admit in due:
-                if budget == 0:
-                    break
                 if grants[tp] < admit:
-                    grants[tp] = min(admit, grants[tp] + limits.records)
-                    budget -= 1
+                    step = min(admit - grants[tp], limits.records)
+                    per_file = file_records[tp]
+                    cost = 1.0 if step >= per_file else max(least_cost, step / per_file)
+                    if cost > budget + 1e-9:
+                        continue
+                    grants[tp] += step
+                    budget -= cost
                     progressed = True
             if not progressed:
                 break

@@ -281,3 +281,24 @@ def test_at_equal_age_the_largest_backlog_goes_first_so_a_crash_loop_starves_no_
     assert set().union(*served) == {A, B, C, D}  # within three lives every partition moved
 
 
+
+
+def test_small_ranges_released_by_time_cost_a_third_of_a_file_so_96_partitions_wait_4_batches_not_12():
+    """Live at 20k records/s over 96 partitions each range is ~1,000 records: counted as a file each,
+    a budget of 8 took 8 partitions a batch and each waited about 12 batches for its turn."""
+    parts = [("t", p) for p in range(96)]
+    adm = admission(records=100_000, interval_s=5.0, max_ranges=8)
+    start = dict.fromkeys(parts, 0)
+    adm.plan(start, dict.fromkeys(parts, 0), now=0.0)
+    end = adm.plan(start, dict.fromkeys(parts, 1000), now=5.0)
+    assert sum(1 for tp in parts if end[tp] == 1000) == 24
+    assert all(end[tp] in (0, 1000) for tp in parts)  # a partition's range is whole or waits
+
+
+def test_a_range_of_more_than_a_third_of_a_file_costs_its_share_and_whole_files_cost_one():
+    adm = admission(records=100, interval_s=0.0, max_ranges=4)
+    end = adm.plan({A: 0, B: 0, C: 0, D: 0}, {A: 500, B: 50, C: 50, D: 60}, now=0.0)
+    # A's first file (1), B and C (0.5 each), D (0.6): 2.6; then A's second file (3.6); a third would pass 4.
+    assert end == {A: 200, B: 50, C: 50, D: 60}
+    backlog = admission(records=100, max_ranges=4).plan({A: 0, B: 0}, {A: 1000, B: 1000}, now=0.0)
+    assert backlog == {A: 200, B: 200}  # whole files: four, as before
