@@ -17,7 +17,7 @@ class RuntimeSettings:
     spark_auth_secret: str | None = setting(
         "SINK_SPARK_AUTH_SECRET", "Shared secret for Spark's RPC authentication and AES encryption "
         "(`spark.authenticate`, `spark.network.crypto.enabled`), which the service turns on whenever "
-        "`SINK_SPARK_MASTER` is not `local`: task specs carry the upload credentials to executors. "
+        "`SINK_SPARK_MASTER` is not `local`: task recipes carry the upload credentials to executors. "
         "Required with a standalone master (`spark://`), whose master and workers must run with the "
         "same secret (`SPARK_DAEMON_JAVA_OPTS=-Dspark.authenticate=true` and the secret in their "
         "`_SPARK_AUTH_SECRET` environment variable, never on a command line); YARN and Kubernetes "
