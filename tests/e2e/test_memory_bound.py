@@ -42,7 +42,7 @@ PARTITIONS = 8
 # The documented bounds (README "Memory", RELIABILITY.md) on a broker that honours fetch limits, by target:
 # measured 860 / 879 MB at 1M / 4M with EMS and 1,091 / 1,170 MB with Delta, whose driver also holds a merge
 # (28 Nov 2026, second round of #39), each with ~25% to spare.
-MEMORY_BOUND_MB = {"ems": 1_100, "delta": 1_450}
+MEMORY_BOUND_MB = {"ems": 1_050, "delta": 1_450}
 MAX_GROWTH = 1.10  # the 4M peak over the 1M peak
 DRAIN_TIMEOUT_S = 900
 
