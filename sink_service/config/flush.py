@@ -23,7 +23,9 @@ class FlushSettings:
     flush_interval_ms: int = setting(
         "SINK_FLUSH_INTERVAL_MS", "A partition's pending data is written once its oldest pending "
         "record has waited this long (wall clock, from the last look before it appeared, so a slow "
-        "micro-batch does not add to it), even while other partitions are busy. A micro-batch that "
+        "micro-batch does not add to it; records already in Kafka at the first look after a start are "
+        "dated by their Kafka timestamps, so a backlog older than this is written at once), even while "
+        "other partitions are busy. A micro-batch that "
         "runs for this reason also takes every partition whose data has waited half as long, so "
         "partitions flushed by time fall into step instead of each costing a micro-batch.",
         60_000, minimum=100, group="Flush")

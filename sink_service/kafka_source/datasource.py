@@ -30,7 +30,7 @@ from pyspark.sql.streaming.datasource import ReadLimit
 
 from sink_service.kafka_source.admission import Admission, Thresholds
 from sink_service.kafka_source.planner_hints import PlannerHints
-from sink_service.kafka_source.positions import OffsetGapError, flatten, nest
+from sink_service.kafka_source.positions import TP, OffsetGapError, flatten, nest
 from sink_service.task.outcomes import RESULT_SCHEMA_DDL
 from sink_service.task.ranges import Range
 
@@ -175,9 +175,33 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
         current = flatten(start)
         available = kafka.latest(current)
         _check_log_ends(current, available)
-        end = self._admission.plan(current, available, time.time(), self._read_hints().bytes_per_record)
+        now = time.time()
+        first_looks = self._admission.first_looks(current, available)
+        written_at = self._written_at(kafka, first_looks, current, now) if first_looks else None
+        end = self._admission.plan(current, available, now, self._read_hints().bytes_per_record, written_at)
         self._publish_pending(current, available, end)
         return nest(end)
+
+    def _written_at(self, kafka: KafkaOffsets, tps: list[TP], start: dict[TP, int], now: float) -> dict[TP, float]:
+        """When the first pending record of each of `tps` was written, where Kafka's timestamps say it was
+        an interval ago or longer (then: an interval ago) or say exactly (the record at the position)."""
+        from confluent_kafka import KafkaException
+
+        interval_ms = self.options.flush_interval_ms
+        due_ms = int(now * 1000) - interval_ms
+        try:
+            found = kafka.first_at_or_after(tps, due_ms)
+        except KafkaException as exc:  # a hint only: the records are then dated by this look
+            log.warning("could not read the timestamps of %d partition(s) to date their pending records (%s); "
+                        "they wait SINK_FLUSH_INTERVAL_MS from now", len(tps), exc)
+            return {}
+        written_at: dict[TP, float] = {}
+        for tp, (offset, timestamp) in found.items():
+            if offset < 0 or offset > start[tp]:
+                written_at[tp] = due_ms / 1000
+            elif offset == start[tp]:
+                written_at[tp] = timestamp / 1000
+        return written_at
 
     def _publish_pending(self, start: dict, available: dict, end: dict) -> None:
         """What is still waiting after this plan, for the driver's metrics (another process)."""

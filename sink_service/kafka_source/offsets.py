@@ -187,29 +187,34 @@ class KafkaOffsets:
         from that time, if any, are gone.
         """
         tps = list(tps)
-        request = {TopicPartition(t, p): OffsetSpec.for_timestamp(when_ms) for t, p in tps}
-        if not request:
+        if not tps:
             return {}
         low = low if low is not None else self.earliest(tps)
         high = high if high is not None else self.latest(tps)
-        answers = self._ask(lambda admin, timeout_s: admin.list_offsets(
-            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s))
         at = iso_ms(when_ms)
         found: dict[TP, TimedPosition] = {}
-        for tp, answer in answers.items():
-            key = (tp.topic, tp.partition)
-            if answer.offset < 0 or answer.offset >= high[key]:
+        for key, (offset, timestamp) in self.first_at_or_after(tps, when_ms).items():
+            if offset < 0 or offset >= high[key]:
                 found[key] = TimedPosition(high[key], f"no record at or after {at}: starting at the log end, "
                                                       f"offset {high[key]}")
-            elif answer.offset <= low[key] and answer.timestamp > when_ms:
+            elif offset <= low[key] and timestamp > when_ms:
                 deleted = f" (offsets below {low[key]} were deleted)" if low[key] > 0 else ""
                 found[key] = TimedPosition(low[key], f"the log starts after {at}{deleted}: starting at its "
-                                                     f"earliest offset {low[key]}, "
-                                                     f"a record of {iso_ms(answer.timestamp)}")
+                                                     f"earliest offset {low[key]}, a record of {iso_ms(timestamp)}")
             else:
-                found[key] = TimedPosition(answer.offset, f"the first record at or after {at} is offset "
-                                                          f"{answer.offset}, of {iso_ms(answer.timestamp)}")
+                found[key] = TimedPosition(offset, f"the first record at or after {at} is offset "
+                                                   f"{offset}, of {iso_ms(timestamp)}")
         return found
+
+    def first_at_or_after(self, tps: Iterable[TP], when_ms: int) -> dict[TP, tuple[int, int]]:
+        """Kafka's offsets-for-times, per partition: the first offset whose record timestamp is at or
+        after `when_ms`, with that timestamp; an offset of -1 when every record is older."""
+        request = {TopicPartition(t, p): OffsetSpec.for_timestamp(when_ms) for t, p in tps}
+        if not request:
+            return {}
+        answers = self._ask(lambda admin, timeout_s: admin.list_offsets(
+            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s))
+        return {(tp.topic, tp.partition): (answer.offset, answer.timestamp) for tp, answer in answers.items()}
 
     def partitions(self, topics: Iterable[str], pattern: str | None = None) -> list[TP]:
         """The partitions of the named topics, or of every topic the pattern matches in full (as the

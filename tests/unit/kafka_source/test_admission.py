@@ -302,3 +302,31 @@ def test_a_range_of_more_than_a_third_of_a_file_costs_its_share_and_whole_files_
     assert end == {A: 200, B: 50, C: 50, D: 60}
     backlog = admission(records=100, max_ranges=4).plan({A: 0, B: 0}, {A: 1000, B: 1000}, now=0.0)
     assert backlog == {A: 200, B: 200}  # whole files: four, as before
+
+
+# --- records already waiting in Kafka at the first look -----------------------------------------
+
+
+def test_a_first_look_dates_pending_records_by_when_kafka_says_they_were_written():
+    """A backlog of partitions holding less than a file each waited the whole interval after a start."""
+    adm = admission(records=100, interval_s=10.0)
+    assert adm.first_looks({A: 0, B: 0, C: 5}, {A: 3, B: 3, C: 5}) == [A, B]  # C holds nothing pending
+    end = adm.plan({A: 0, B: 0}, {A: 3, B: 3}, now=100.0, written_at={A: 80.0, B: 96.0})
+    assert end == {A: 3, B: 0}  # A's records waited 20 s; B's 4 s (less than half: not a rider)
+    assert adm.plan({A: 3, B: 0}, {A: 3, B: 3}, now=106.0) == {A: 3, B: 3}  # B's 10 s, counted from Kafka's time
+
+
+def test_only_the_first_look_is_dated_by_kafka_so_old_timestamps_do_not_release_every_batch():
+    """Event times or a mirror's timestamps are old on every record: each look would make them due."""
+    adm = admission(records=100, interval_s=10.0)
+    assert adm.plan({A: 0}, {A: 0}, now=0.0) == {A: 0}  # looked at, nothing pending
+    assert adm.first_looks({A: 0}, {A: 3}) == []
+    assert adm.plan({A: 0}, {A: 3}, now=1.0, written_at={A: -1000.0}) == {A: 0}
+    assert adm.plan({A: 0}, {A: 3}, now=9.9) == {A: 0}
+    assert adm.plan({A: 0}, {A: 3}, now=10.0) == {A: 3}  # dated by the look before them (t=0), as always
+
+
+def test_a_kafka_time_later_than_the_look_does_not_delay_the_records():
+    adm = admission(records=100, interval_s=10.0)
+    assert adm.plan({A: 0}, {A: 3}, now=0.0, written_at={A: 50.0}) == {A: 0}  # a producer's clock ahead
+    assert adm.plan({A: 0}, {A: 3}, now=10.0) == {A: 3}

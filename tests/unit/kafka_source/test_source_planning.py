@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -20,6 +21,9 @@ class ScriptedKafka:
 
     def latest(self, tps) -> dict[tuple[str, int], int]:
         return {tp: self.ends[tp] for tp in tps}
+
+    def first_at_or_after(self, tps, when_ms: int) -> dict[tuple[str, int], tuple[int, int]]:
+        return dict.fromkeys(tps, (0, int(time.time() * 1000)))  # every record written just now
 
 
 
