@@ -41,6 +41,10 @@ class SignalEndpoint:
     receive: SignalReceiver
 
 
+# Why a 503 when nothing else says: between queries (the group moved partitions, the start is underway).
+NOT_RUNNING = "no query running: starting, or restarting on the group's new assignment"
+
+
 @dataclass
 class Health:
     started_at: float = field(default_factory=time.time)
@@ -71,7 +75,8 @@ class Health:
                 "last_batch_ok": self.last_batch_ok,
                 "uploads_ok": failing is None,
                 "stopping": self.stopping,
-                "reason": "" if ready else (failing if failing and self.last_batch_ok else self.reason),
+                "reason": "" if ready else (failing if failing and self.last_batch_ok else self.reason)
+                or ("" if self.query_running else NOT_RUNNING),
                 "last_commit_at": self.last_commit_at,
             }
 

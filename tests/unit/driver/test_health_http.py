@@ -162,3 +162,20 @@ def test_a_negative_length_with_50_mb_does_not_grow_the_server(token, status):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_503_between_queries_says_why():
+    """A restart on a new assignment left `reason` empty: readiness answered 503 with no reason."""
+    health = Health(query_running=True, broker_ok=True, reason="")
+    server = HealthServer(health, 0, host="127.0.0.1")
+    server.start()
+    url = f"http://127.0.0.1:{server.port}/readyz"
+    try:
+        assert requests.get(url, timeout=5).json()["reason"] == ""
+        health.update(query_running=False)
+        answer = requests.get(url, timeout=5)
+        assert answer.status_code == 503 and "restarting on the group's new assignment" in answer.json()["reason"]
+        health.update(broker_ok=False, reason="broker unreachable: no answer within 5s")
+        assert requests.get(url, timeout=5).json()["reason"] == "broker unreachable: no answer within 5s"
+    finally:
+        server.stop()
