@@ -14,6 +14,7 @@ import shutil
 import threading
 import time
 import uuid
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -163,6 +164,7 @@ class Pipeline:
             read_batch_max_bytes=c.read_batch_max_bytes,
             state_dir=str(self.state_dir),
             task=SourceOptions.pack_task(self.task_recipe),
+            logging=asdict(self.task_recipe.logging) if self.task_recipe.logging else None,
         )
         stream = (
             self.spark.readStream.format(FORMAT_NAME)

@@ -69,6 +69,9 @@ class SourceOptions:
     read_batch_max_bytes: int
     state_dir: str  # planner <-> driver hints (size estimates, pending state); never needed for correctness
     task: str  # the pickled TaskRecipe (the configuration tasks build their spec from), base64
+    # The driver's logging settings (`logs.WorkerLogging` as a dict), for the planner's own process:
+    # without them its WARNINGs went out unformatted and unscrubbed, and its INFO lines not at all.
+    logging: dict | None = None
 
     def to_option(self) -> str:
         return json.dumps(asdict(self))
@@ -150,9 +153,13 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
             # Only the streaming runner asks Kafka: the processes that create the source or plan
             # its read need no Kafka client.
             from sink_service.kafka_source.offsets import KafkaOffsets
+            from sink_service.logs import WorkerLogging, configure_worker
 
-            self._offsets = KafkaOffsets(self.options.client_config, self.options.group_id)
             o = self.options
+            if o.logging is not None:
+                configure_worker(WorkerLogging(o.logging["level"], o.logging["json_format"],
+                                               tuple(o.logging["secrets"])))
+            self._offsets = KafkaOffsets(o.client_config, o.group_id)
             self._admission = Admission(
                 Thresholds(o.flush_records, o.flush_bytes, o.flush_interval_ms / 1000, o.max_files_per_batch,
                            o.executor_cores)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -85,3 +86,23 @@ def test_fewer_ranges_than_cores_keep_a_task_each():
     ranges = _planned(5, 7)
     assert [[p.range.partition for p in task.ranges] for task in bundle(ranges, 8)] == [[1], [0]]
     assert bundle([], 8) == []
+
+
+def test_the_planner_process_logs_in_the_services_format_with_secrets_scrubbed():
+    """Spark's streaming runner is a process of its own: its WARNINGs went out through Python's last-resort
+    handler (no time, no level, no scrubber) and its INFO lines (Kafka retries) nowhere."""
+    probe = textwrap.dedent("""
+        import logging
+        from sink_service.kafka_source.datasource import KafkaRangeStreamReader, SourceOptions
+        options = SourceOptions(
+            client_config={"bootstrap.servers": "127.0.0.1:1"}, group_id="g", starting_positions={},
+            flush_records=1, flush_bytes=1, flush_interval_ms=1000, max_files_per_batch=1, executor_cores=1,
+            retention_gap_policy="fail", read_batch_max_bytes=1, state_dir="/tmp", task="",
+            logging={"level": "INFO", "json_format": False, "secrets": ["hunter2-password"]})
+        KafkaRangeStreamReader(SourceOptions.from_option(options.to_option()))._kafka()
+        logging.getLogger("sink_service.kafka_source.offsets").info("asking again with hunter2-password")
+    """)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    [line] = [line for line in done.stderr.splitlines() if "asking again" in line]
+    assert " INFO sink_service.kafka_source.offsets: asking again with " in line, line
+    assert "hunter2-password" not in line, line
