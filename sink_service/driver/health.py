@@ -68,6 +68,10 @@ class Health:
         with self._lock:
             ready = (self.query_running and self.broker_ok and self.last_batch_ok and not self.stopping
                      and failing is None)
+            reason = ""
+            if not ready:
+                reason = (failing if failing and self.last_batch_ok else self.reason) or (
+                    "" if self.query_running else NOT_RUNNING)
             return ready, {
                 "ready": ready,
                 "query_running": self.query_running,
@@ -75,8 +79,7 @@ class Health:
                 "last_batch_ok": self.last_batch_ok,
                 "uploads_ok": failing is None,
                 "stopping": self.stopping,
-                "reason": "" if ready else (failing if failing and self.last_batch_ok else self.reason)
-                or ("" if self.query_running else NOT_RUNNING),
+                "reason": reason,
                 "last_commit_at": self.last_commit_at,
             }
 

@@ -157,8 +157,7 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
 
             o = self.options
             if o.logging is not None:
-                configure_worker(WorkerLogging(o.logging["level"], o.logging["json_format"],
-                                               tuple(o.logging["secrets"])))
+                configure_worker(WorkerLogging(**{**o.logging, "secrets": tuple(o.logging["secrets"])}))
             self._offsets = KafkaOffsets(o.client_config, o.group_id)
             self._admission = Admission(
                 Thresholds(o.flush_records, o.flush_bytes, o.flush_interval_ms / 1000, o.max_files_per_batch,

@@ -162,20 +162,21 @@ class KafkaOffsets:
                 if time.monotonic() >= deadline:
                     raise
 
-    def _list_offsets(self, tps: Iterable[TP], spec: OffsetSpec) -> dict[TP, int]:
+    def _list_offsets(self, tps: Iterable[TP], spec: OffsetSpec) -> dict[TP, tuple[int, int]]:
+        """Kafka's ListOffsets answer per partition: (offset, the record's timestamp where the spec is a time)."""
         request = {TopicPartition(t, p): spec for t, p in tps}
         if not request:
             return {}
         answers = self._ask(lambda admin, timeout_s: admin.list_offsets(
             request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s))
-        return {(tp.topic, tp.partition): answer.offset for tp, answer in answers.items()}
+        return {(tp.topic, tp.partition): (answer.offset, answer.timestamp) for tp, answer in answers.items()}
 
     def earliest(self, tps: Iterable[TP]) -> dict[TP, int]:
-        return self._list_offsets(tps, OffsetSpec.earliest())
+        return {tp: offset for tp, (offset, _) in self._list_offsets(tps, OffsetSpec.earliest()).items()}
 
     def latest(self, tps: Iterable[TP]) -> dict[TP, int]:
         """Last stable offset: records of open transactions are not readable yet."""
-        return self._list_offsets(tps, OffsetSpec.latest())
+        return {tp: offset for tp, (offset, _) in self._list_offsets(tps, OffsetSpec.latest()).items()}
 
     def at_time(self, tps: Iterable[TP], when_ms: int, low: Mapping[TP, int] | None = None,
                 high: Mapping[TP, int] | None = None) -> dict[TP, TimedPosition]:
@@ -209,12 +210,7 @@ class KafkaOffsets:
     def first_at_or_after(self, tps: Iterable[TP], when_ms: int) -> dict[TP, tuple[int, int]]:
         """Kafka's offsets-for-times, per partition: the first offset whose record timestamp is at or
         after `when_ms`, with that timestamp; an offset of -1 when every record is older."""
-        request = {TopicPartition(t, p): OffsetSpec.for_timestamp(when_ms) for t, p in tps}
-        if not request:
-            return {}
-        answers = self._ask(lambda admin, timeout_s: admin.list_offsets(
-            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s))
-        return {(tp.topic, tp.partition): (answer.offset, answer.timestamp) for tp, answer in answers.items()}
+        return self._list_offsets(tps, OffsetSpec.for_timestamp(when_ms))
 
     def partitions(self, topics: Iterable[str], pattern: str | None = None) -> list[TP]:
         """The partitions of the named topics, or of every topic the pattern matches in full (as the
