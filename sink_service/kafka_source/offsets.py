@@ -421,8 +421,8 @@ class KafkaOffsets:
 
     def _say_fresh(self, starts: list[FreshStart], starting: str,
                    on_fresh: Callable[[list[FreshStart]], None] | None) -> None:
-        """A WARNING for each partition starting without a committed offset, once per process: why that
-        may be and where it starts. An alert uses the metric `on_fresh` feeds."""
+        """A WARNING for the partitions starting without a committed offset, once per process and partition:
+        why that may be and where each starts. An alert uses the metric `on_fresh` feeds."""
         new = [s for s in starts if s.tp not in self._said]
         if not new:
             return
@@ -438,12 +438,45 @@ class KafkaOffsets:
             "first_start": f"a new group, or {expired}; starting at SINK_STARTING_OFFSETS={starting}"
                            + ("" if starting == "earliest" else ", committed at once"),
         }
+        # One line per topic and reason, not per partition: a new group over hundreds of partitions said
+        # the same sentence hundreds of times.
+        alike: dict[tuple[str, str, str], list[FreshStart]] = {}
         for s in sorted(new, key=lambda s: s.tp):
-            log.warning("topic=%s partition=%d: no committed offset in consumer group %s: %s: offset %d%s",
-                        s.tp[0], s.tp[1], self._group_id, why[s.source], s.offset,
-                        f" ({s.note})" if s.note else "")
+            alike.setdefault((s.tp[0], s.source, s.note), []).append(s)
+        for (topic, source, note), same in alike.items():
+            note = f" ({note})" if note else ""
+            if len(same) == 1:
+                log.warning("topic=%s partition=%d: no committed offset in consumer group %s: %s: offset %d%s",
+                            topic, same[0].tp[1], self._group_id, why[source], same[0].offset, note)
+            else:
+                log.warning("topic=%s partitions=%s (%d): no committed offset in consumer group %s: %s: "
+                            "offsets (partition:offset) %s%s", topic, _spans([s.tp[1] for s in same]), len(same),
+                            self._group_id, why[source], _offsets_by_partition(same), note)
         if on_fresh is not None:
             on_fresh(new)
+
+
+def _spans(numbers: list[int]) -> str:
+    """Sorted partition numbers as runs: [0, 1, 2, 5] -> "0-2,5"."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _offsets_by_partition(starts: list[FreshStart]) -> str:
+    """Each partition's start offset, consecutive partitions starting at the same offset as one run:
+    "0-95:0", or "0:150 1:140"."""
+    runs: list[tuple[list[int], int]] = []
+    for s in starts:
+        if runs and runs[-1][1] == s.offset and s.tp[1] == runs[-1][0][-1] + 1:
+            runs[-1][0].append(s.tp[1])
+        else:
+            runs.append(([s.tp[1]], s.offset))
+    return " ".join(f"{_spans(partitions)}:{offset}" for partitions, offset in runs)
 
 
 def uncommitted_start(starting: str, history: bool) -> str:

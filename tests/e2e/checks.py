@@ -86,6 +86,16 @@ def metric_total(samples: dict, name: str, **labels: str) -> float:
     return sum(v for (n, ls), v in samples.items() if n == name and all((k, v2) in ls for k, v2 in labels.items()))
 
 
+_FRESH_START = re.compile(r" WARNING .*topic=(\S+) (?:partition=\d+|partitions=\S+ \((\d+)\)): "
+                          r"no committed offset in consumer group ")
+
+
+def partitions_said_fresh(output: str, topic: str) -> int:
+    """Partitions of `topic` the service's WARNINGs say started without a committed offset (one line
+    names one partition, or several as `partitions=0-5 (6)`)."""
+    return sum(int(m[2] or 1) for m in map(_FRESH_START.search, output.splitlines()) if m and m[1] == topic)
+
+
 def duplicate_overhead(ems: LocalEmsServer, topic: str, ends: dict[int, int]) -> float:
     """Offsets uploaded (replays counted again) per distinct offset: 1.0 means nothing was re-sent."""
     spans = uploaded_ranges(ems, topic)
