@@ -197,7 +197,8 @@ output file. The raw produce->upload figures are in results.json.
 divided by the system's wall time: a CI run sharing the machine shows up here. Steal is CPU time the
 hypervisor gave to other virtual machines while this one wanted it (the `st` of `top`); on a 2-core VM
 0.5 cores of steal slows every system by about a quarter, and not evenly over a run.
-[3] CPU used during the system's run by the broker (serving fetches and commits) and by the benchmark
+[3] CPU used during the system's run by the broker (serving fetches and commits; noida-db also saves its whole
+state, about 4 CPU-s per 1M records, at most every ~6 s while offsets are committed) and by the benchmark
 process, which hosts the endpoint (multipart parsing, Parquet decoding, SQLite upsert) and polls offsets: part
 of the cost of a run, not counted in the system's own CPU seconds.
 [4] Before each system the benchmark waits until the whole machine is quiet (busy below --quiet-cores
