@@ -44,7 +44,7 @@ from bench.systems import (
     RunContext,
     System,
 )
-from bench.workload import Produced, WorkloadSpec, build_records, produce
+from bench.workload import Produced, WorkloadSpec, build_records, produce, produce_trailers
 from devkit.brokers import running_broker
 from devkit.kafka_data import create_topics, end_offsets
 from local_ems.server import LocalEmsServer
@@ -115,7 +115,9 @@ def versions(systems: list[str]) -> dict[str, str]:
     return found
 
 
-def produce_workload(bootstrap: str, spec: WorkloadSpec, topic: str) -> Produced:
+def produce_workload(bootstrap: str, spec: WorkloadSpec, topic: str, trailers: bool = False) -> Produced:
+    """The workload in `topic`; with `trailers` (tansu) one more record per partition, so the reported
+    end offsets are the true ones (`produce_trailers`)."""
     create_topics(bootstrap, {topic: spec.partitions})
     log(f"building {spec.records:,} records of {spec.record_size} B over {spec.keys:,} keys")
     keys, values = build_records(spec)
@@ -124,11 +126,17 @@ def produce_workload(bootstrap: str, spec: WorkloadSpec, topic: str) -> Produced
     seconds = produce(bootstrap, topic, keys, values)
     del keys, values
     gc.collect()
+    records = spec.records
+    if trailers:
+        true_ends = produce_trailers(bootstrap, topic, spec.partitions, spec.record_size)
+        records += spec.partitions
+        key_bytes += 8 * spec.partitions
+        value_bytes += spec.record_size * spec.partitions
     ends = end_offsets(bootstrap, topic, spec.partitions)
-    if sum(ends.values()) != spec.records:
-        raise RuntimeError(f"end offsets {ends} do not add up to {spec.records} records")
-    log(f"produced {spec.records:,} records in {seconds:.1f}s ({spec.records / seconds:,.0f}/s)")
-    return Produced(topic, spec.records, key_bytes, value_bytes, seconds, ends)
+    if sum(ends.values()) != records or (trailers and ends != true_ends):
+        raise RuntimeError(f"end offsets {ends} do not add up to {records} records")
+    log(f"produced {records:,} records in {seconds:.1f}s ({records / seconds:,.0f}/s)")
+    return Produced(topic, records, key_bytes, value_bytes, seconds, ends)
 
 
 def run_system(system: System, ctx: RunContext, produced: Produced, endpoint: LocalEmsServer, group: str,
@@ -210,7 +218,7 @@ def run_context(args, bootstrap: str, endpoint: LocalEmsServer, topic: str, work
 def run_workload(bootstrap: str, endpoint: LocalEmsServer, spec: WorkloadSpec, args, work: Path,
                  stamp: str, broker_pids: list[int]) -> dict:
     topic = f"bench_{spec.records}r_{spec.partitions}p_{spec.record_size}b_{stamp}"
-    produced = produce_workload(bootstrap, spec, topic)
+    produced = produce_workload(bootstrap, spec, topic, trailers=broker_kind(args) == "tansu")
     workdir = work / topic
     workdir.mkdir(parents=True)
     # A backlog smaller than --flush-records per partition would be flushed by the timer, not by size, and the
@@ -247,6 +255,10 @@ def stop_leftovers(processes: list[psutil.Process]) -> None:
     for p in still:
         with contextlib.suppress(psutil.Error):
             p.kill()
+
+
+def broker_kind(args) -> str:
+    return args.broker or os.environ.get("SINK_TEST_BROKER", "noida")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -358,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                      "pathway_autocommit_ms": args.pathway_autocommit_ms,
                      "pathway_metadata": bool(args.live_rates) or args.pathway_metadata,
                      "transform_sql": args.transform_sql if "service+sql" in args.systems else None,
-                     "broker": args.broker or os.environ.get("SINK_TEST_BROKER", "noida")},
+                     "broker": broker_kind(args)},
         "environment": {"machine": machine_info(), "versions": versions(args.systems)},
         "sweep": args.sweep,
         "mode": "live" if args.live_rates else "backlog",

@@ -24,10 +24,9 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
 
 from bench.measure import ProcessTreeSampler
-from bench.workload import WorkloadSpec, build_records, produce
+from bench.workload import WorkloadSpec, build_records, produce, produce_trailers
 from devkit.brokers import free_port, running_broker
 from devkit.kafka_data import committed_offsets, create_topics, end_offsets
 from devkit.service_process import ServiceProcess, wait_until
@@ -50,22 +49,12 @@ DRAIN_TIMEOUT_S = 900
 def _produce_backlog(bootstrap: str, topic: str, records: int) -> dict[int, int]:
     """Produce the benchmark workload, then one trailer record per partition; returns the true end offsets."""
     create_topics(bootstrap, {topic: PARTITIONS})
-    keys, values = build_records(WorkloadSpec(records=records, partitions=PARTITIONS))
+    spec = WorkloadSpec(records=records, partitions=PARTITIONS)
+    keys, values = build_records(spec)
     produce(bootstrap, topic, keys, values)
     del keys, values
     gc.collect()
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": "all"})
-    ends: dict[int, int] = {}
-
-    def delivered(err, msg) -> None:
-        assert err is None, f"trailer to partition {msg.partition()}: {err}"
-        ends[msg.partition()] = msg.offset() + 1
-
-    for partition in range(PARTITIONS):
-        value = json.dumps({"id": f"trailer-{partition}", "version": 0, "status": "NEW"}).encode()
-        producer.produce(topic, value, b"trailer", partition=partition, on_delivery=delivered)
-        producer.flush(30)  # one batch per trailer: its base offset is its own offset
-    return ends
+    return produce_trailers(bootstrap, topic, PARTITIONS, spec.record_size)
 
 
 def _drain(bootstrap: str, ems: LocalEmsServer, topic: str, ends: dict[int, int], work: Path,
