@@ -45,7 +45,7 @@ from bench.systems import (
     System,
 )
 from bench.workload import Produced, WorkloadSpec, build_records, produce, produce_trailers
-from devkit.brokers import running_broker
+from devkit.brokers import broker_kind, running_broker
 from devkit.kafka_data import create_topics, end_offsets
 from local_ems.server import LocalEmsServer
 from sink_service.startup.java_home import resolve_java
@@ -218,7 +218,7 @@ def run_context(args, bootstrap: str, endpoint: LocalEmsServer, topic: str, work
 def run_workload(bootstrap: str, endpoint: LocalEmsServer, spec: WorkloadSpec, args, work: Path,
                  stamp: str, broker_pids: list[int]) -> dict:
     topic = f"bench_{spec.records}r_{spec.partitions}p_{spec.record_size}b_{stamp}"
-    produced = produce_workload(bootstrap, spec, topic, trailers=broker_kind(args) == "tansu")
+    produced = produce_workload(bootstrap, spec, topic, trailers=broker_kind(args.broker) == "tansu")
     workdir = work / topic
     workdir.mkdir(parents=True)
     # A backlog smaller than --flush-records per partition would be flushed by the timer, not by size, and the
@@ -255,10 +255,6 @@ def stop_leftovers(processes: list[psutil.Process]) -> None:
     for p in still:
         with contextlib.suppress(psutil.Error):
             p.kill()
-
-
-def broker_kind(args) -> str:
-    return args.broker or os.environ.get("SINK_TEST_BROKER", "noida")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -370,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
                      "pathway_autocommit_ms": args.pathway_autocommit_ms,
                      "pathway_metadata": bool(args.live_rates) or args.pathway_metadata,
                      "transform_sql": args.transform_sql if "service+sql" in args.systems else None,
-                     "broker": broker_kind(args)},
+                     "broker": broker_kind(args.broker)},
         "environment": {"machine": machine_info(), "versions": versions(args.systems)},
         "sweep": args.sweep,
         "mode": "live" if args.live_rates else "backlog",

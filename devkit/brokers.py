@@ -100,9 +100,14 @@ def wait_for_broker(bootstrap: str, timeout_s: float = 60.0) -> None:
     raise TimeoutError(f"broker at {bootstrap} did not answer within {timeout_s}s: {last}")
 
 
+def broker_kind(kind: str | None = None) -> str:
+    """The broker asked for, else SINK_TEST_BROKER's, else noida."""
+    return kind or os.environ.get("SINK_TEST_BROKER", "noida")
+
+
 @contextmanager
 def running_broker(kind: str | None = None) -> Iterator[str]:
-    kind = kind or os.environ.get("SINK_TEST_BROKER", "noida")
+    kind = broker_kind(kind)
     if kind == "external":
         bootstrap = os.environ["SINK_TEST_BOOTSTRAP"]
         wait_for_broker(bootstrap)
