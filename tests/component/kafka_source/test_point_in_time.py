@@ -68,8 +68,9 @@ def test_a_new_group_starts_at_the_first_record_at_or_after_the_time_and_commits
                                         "timestamp:2026-11-24T15:00:03.500+01:00")  # _BASE + 3.5 s
     assert positions == committed == {(topic, 0): 4, (topic, 1): 4}
     assert committed_offsets(bootstrap, group, topic, 2) == {0: 4, 1: 4}  # a restart keeps it
-    line = next(r.getMessage() for r in caplog.records if f"topic={topic} partition=0" in r.getMessage())
-    assert "2026-11-24T14:00:03.500Z" in line and "offset 4" in line, line
+    # Both partitions start alike: one line names them and each one's offset.
+    line = next(r.getMessage() for r in caplog.records if f"topic={topic} partitions=0-1 (2)" in r.getMessage())
+    assert "2026-11-24T14:00:03.500Z" in line and "offsets (partition:offset) 0-1:4" in line, line
 
 
 def test_a_time_after_the_last_record_starts_at_the_log_end(bootstrap, caplog):
