@@ -1,7 +1,7 @@
 """Driver side of the Delta target: a micro-batch's staged files merged into each table in one commit.
 
 Tasks stage their closed files beside the table (uploader.delta_staging) and report them in their outcome
-rows. After the batch and before the Kafka commit, `merge` applies per table the files below each
+rows. After the batch and before the Kafka commit, `apply` merges per table the files below each
 partition's new commit position, i.e. the contiguous run that commit covers (a file past a failed range
 waits for the replay: applying it would record progress over offsets the table lacks). One commit takes
 the latest row per key across them and every partition's progress as its application transaction
@@ -61,6 +61,10 @@ class StagedUpload:
 
 
 class DeltaBatches:
+    """The Delta target's `BatchCommit` (sink_service/driver/batch_commit.py)."""
+
+    action = "merging into the Delta table"
+
     def __init__(self, settings: DeltaSettings, parked: DirectorySettings | S3Settings | None, scratch: Path,
                  max_bytes: int, metrics: SinkMetrics, bad_values: DeltaBadValues | None = None) -> None:
         """`parked`: where refused files go under SINK_REJECTED_FILE_POLICY=park; None under `fail`.
@@ -74,10 +78,14 @@ class DeltaBatches:
         self.metrics = metrics
         self.bad_values = bad_values
         self._leftovers: dict[TP, list[StagedFile]] = {}  # found at the query's start, not yet passed
-        self._lock = threading.Lock()  # `clean` runs beside the batches (start_cleaning)
+        self._lock = threading.Lock()  # `clean` runs beside the batches (`start`)
         self.compactions = BackgroundCompactions(settings, scratch, metrics) if settings.change_log else None
 
-    def merge(self, rows: Iterable, commits: dict[TP, int]) -> list[StagedUpload]:
+    def resume_position(self, topic: str, partition: int) -> int | None:
+        """The table's application transaction for the group: a group whose offsets expired resumes there."""
+        return self.target.covered_to(topic, partition)
+
+    def apply(self, rows: Iterable, commits: dict[TP, int]) -> list[StagedUpload]:
         """Apply the staged files the new commit positions cover; the files, to delete after the Kafka commit.
 
         Raises RetryableUploadError when a merge ran out of its retries (nothing may be committed; the
@@ -119,7 +127,7 @@ class DeltaBatches:
         if self.compactions is not None:
             self.compactions.stop(timeout_s)
 
-    def start_cleaning(self, positions: dict[TP, int]) -> threading.Thread:
+    def start(self, positions: dict[TP, int]) -> threading.Thread:
         """`clean` in the background: a store that does not answer keeps delta-rs retrying for minutes, which
         must not hold up the query's start (or a SIGTERM meanwhile); the batches' merges meet the outage anyway."""
         with self._lock:

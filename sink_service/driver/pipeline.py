@@ -16,7 +16,6 @@ import time
 import uuid
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaException
 from pyspark.sql import DataFrame, SparkSession
@@ -24,6 +23,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from sink_service.config import SinkConfig
 from sink_service.driver.backlog import BacklogProgress
+from sink_service.driver.batch_commit import batch_commit
 from sink_service.driver.health import Health
 from sink_service.driver.live_uploads import LiveUploads
 from sink_service.driver.metrics import SinkMetrics
@@ -42,9 +42,6 @@ from sink_service.task.outcomes import ERROR_PROCESSING, RESULT_SCHEMA_DDL, STAT
 from sink_service.task.recipe import TaskRecipe
 from sink_service.task.upload_signals import NO_SIGNALS, SignalChannel, signal_url
 from uploader.errors import FatalUploadError, RetryableUploadError
-
-if TYPE_CHECKING:
-    from sink_service.driver.delta_batches import DeltaBatches
 
 log = logging.getLogger(__name__)
 
@@ -91,30 +88,11 @@ class Pipeline:
         # Plain configuration: each executor builds its decoders and target from it (task/recipe.py).
         self.task_recipe = TaskRecipe.of(config, self.client_config, signals)
 
-        self.delta = self._delta_batches() if config.target == "delta" else None
-
-    def _delta_batches(self) -> DeltaBatches:
-        """The driver's half of a Delta target: tasks stage, the driver merges each batch in one commit."""
-        from sink_service.config.upload_targets import target_settings
-        from sink_service.driver.delta_bad_values import DeltaBadValues  # deltalake only for a Delta target
-        from sink_service.driver.delta_batches import DeltaBatches
-        from sink_service.task.range_reader import consumer_config
-        from uploader.parking import ParkingSettings
-
-        settings = target_settings(self.config)
-        parked = None
-        if isinstance(settings, ParkingSettings):
-            settings, parked = settings.inner, settings.parked
-        bad_values = DeltaBadValues(self.config.error_policy, self.metrics, self.task_recipe.dead_letters(),
-                                    consumer_config(self.client_config, self.config.group_id),
-                                    self.config.read_batch_max_bytes)
-        return DeltaBatches(settings, parked, Path(self.config.scratch_dir), self.config.delta_merge_max_bytes,
-                            self.metrics, bad_values)
+        self.batch_commit = batch_commit(config, self.metrics, self.task_recipe, self.client_config)
 
     def close(self) -> None:
         """After the query stopped: background work (change-log compactions) ends within the shutdown timeout."""
-        if self.delta is not None:
-            self.delta.close(self.config.shutdown_timeout_ms / 1000)
+        self.batch_commit.close(self.config.shutdown_timeout_ms / 1000)
 
     def assignment_changed(self) -> bool:
         """The group moved partitions since the query started: it must restart on the new ones."""
@@ -137,14 +115,13 @@ class Pipeline:
                 commit=lambda resolved: self.membership.commit(resolved, self._epoch),
                 subscription=Subscription(c.topics, c.topic_pattern),
                 # A group whose offsets expired resumes where the Delta table's transactions say.
-                table_position=self.delta.target.covered_to if self.delta is not None else None,
+                table_position=self.batch_commit.resume_position,
                 commit_first_start=lambda resolved: self.membership.commit(resolved, self._epoch, others=True),
                 on_fresh=self.metrics.record_fresh_starts)
         except CommitRefused as exc:
             raise KafkaException(f"start positions not committed, the group is rebalancing: {exc}") from exc
         self.health.update(broker_ok=True)
-        if self.delta is not None:
-            self.delta.start_cleaning(positions)
+        self.batch_commit.start(positions)
         self._commits = ContiguousCommits(positions)
         log.info("starting query at %s", {f"{t}:{p}": o for (t, p), o in sorted(positions.items())})
         self.live_uploads.clear()  # tasks of an earlier query are gone, whatever they last said
@@ -209,7 +186,7 @@ class Pipeline:
         ]
         moved = self._moved_elsewhere({o.tp for o in outcomes})
         commits, gaps = self._commits.advance([o for o in outcomes if o.tp not in moved])
-        staged = self._merge_into_delta(batch_id, rows, commits)
+        applied = self._apply_to_target(batch_id, rows, commits)
         try:
             self.membership.commit(commits, self._epoch)
         except CommitRefused as exc:
@@ -217,8 +194,7 @@ class Pipeline:
                         "restarting on the new assignment", batch_id, exc)
             raise BatchIncomplete(f"commit refused: {exc}") from exc
         self.metrics.record_commits(commits)
-        if self.delta is not None:
-            self.delta.release(staged, commits)
+        self.batch_commit.release(applied, commits)
         if commits:
             self.health.update(last_commit_at=time.time())
         records = sum(r.records_uploaded for r in rows)
@@ -257,22 +233,23 @@ class Pipeline:
             raise BatchIncomplete("; ".join(reasons + gaps))
         self.health.update(last_batch_ok=True, reason="")
 
-    def _merge_into_delta(self, batch_id: int, rows: list, commits: dict) -> list:
-        """Before Kafka's commit: the staged files it covers applied to the Delta table (nothing without one).
+    def _apply_to_target(self, batch_id: int, rows: list, commits: dict) -> list:
+        """Before Kafka's commit: the target's part of the batch (a Delta target merges the files it covers).
 
         A failure fails the batch before anything is committed; the query restarts from Kafka's offsets."""
-        if self.delta is None or not commits:
+        if not commits:
             return []
+        action = self.batch_commit.action
         try:
-            return self.delta.merge(rows, commits)
+            return self.batch_commit.apply(rows, commits)
         except RetryableUploadError as exc:
-            self.failure = f"batch {batch_id}: merging into the Delta table failed: {exc}"
+            self.failure = f"batch {batch_id}: {action} failed: {exc}"
             self.health.update(last_batch_ok=False, reason=self.failure)
             self.metrics.upload_failures.labels(STATUS_RETRYABLE).inc()
             log.error("batch %d: %s; nothing committed, replaying", batch_id, self.failure)
             raise BatchIncomplete(self.failure) from exc
         except FatalUploadError as exc:
-            self.fatal_error = f"merging into the Delta table: {exc}"
+            self.fatal_error = f"{action}: {exc}"
             self.metrics.upload_failures.labels(STATUS_FATAL).inc()
             raise FatalPipelineError(self.fatal_error) from exc
 

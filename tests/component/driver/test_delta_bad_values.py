@@ -86,7 +86,7 @@ def test_skip_leaves_the_dirty_record_out_says_it_and_merges_the_rest(bootstrap,
     topic, settings, staged = _setup(bootstrap, tmp_path)
     metrics = SinkMetrics()
     batches = DeltaBatches(settings, None, tmp_path / "scratch", 1 << 25, metrics, DeltaBadValues("skip", metrics))
-    batches.merge(_outcome(staged), {(topic, 0): 5})
+    batches.apply(_outcome(staged), {(topic, 0): 5})
     assert _rows(settings) == {0: 1, 1: 2, 3: 4, 9: 9}
     assert metrics.registry.get_sample_value("sink_bad_records_total", {"topic": topic, "reason": KIND}) == 1
     assert DeltaTable(settings.table_uri).transaction_version(f"kafka-parquet-sink/g/{topic}/0") == 5
@@ -98,7 +98,7 @@ def test_fail_stops_the_merge_naming_the_record(bootstrap, tmp_path):
     version = DeltaTable(settings.table_uri).version()
     batches = DeltaBatches(settings, None, tmp_path / "scratch", 1 << 25, metrics, DeltaBadValues("fail", metrics))
     with pytest.raises(FatalUploadError) as failed:
-        batches.merge(_outcome(staged), {(topic, 0): 5})
+        batches.apply(_outcome(staged), {(topic, 0): 5})
     assert f"topic={topic} partition=0 offset=3: column 'amount' holds 'n/a'" in str(failed.value)
     assert failed.value.setting == "SINK_ERROR_POLICY"
     assert DeltaTable(settings.table_uri).version() == version, "nothing of the batch applied"
@@ -111,7 +111,7 @@ def test_dlq_sends_the_original_record_before_the_merge_commits(bootstrap, tmp_p
     metrics = SinkMetrics()
     client = {"bootstrap.servers": bootstrap}
     bad_values = DeltaBadValues("dlq", metrics, DeadLetterSpec.of(dlq, client), consumer_config(client, "g"))
-    DeltaBatches(settings, None, tmp_path / "scratch", 1 << 25, metrics, bad_values).merge(
+    DeltaBatches(settings, None, tmp_path / "scratch", 1 << 25, metrics, bad_values).apply(
         _outcome(staged), {(topic, 0): 5})
     assert _rows(settings) == {0: 1, 1: 2, 3: 4, 9: 9}
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "dlq-reader", "enable.auto.commit": False})

@@ -90,7 +90,7 @@ def test_a_batch_is_one_commit_its_staged_files_are_deleted_and_files_past_the_c
     batch.stage(1, 2, [6])  # past partition 1's commit (its range failed after this file): must wait
     merger = _batches(settings, tmp_path, SinkMetrics(), park=False)
 
-    merged = merger.merge(batch.outcome_rows(), {("orders", 0): 4, ("orders", 1): 2})
+    merged = merger.apply(batch.outcome_rows(), {("orders", 0): 4, ("orders", 1): 2})
     merger.release(merged, {("orders", 0): 4, ("orders", 1): 2})
 
     table = _table(settings)
@@ -102,10 +102,10 @@ def test_a_batch_is_one_commit_its_staged_files_are_deleted_and_files_past_the_c
     assert batch.staged(0) == [] and batch.staged(1) == [2], "merged files deleted, the waiting one kept"
 
     # The replay stages partition 1 again from 2, cut differently; the query's start remembers the leftover.
-    merger.start_cleaning({("orders", 0): 4, ("orders", 1): 2}).join(60)
+    merger.start({("orders", 0): 4, ("orders", 1): 2}).join(60)
     replay = Batch(settings, tmp_path)
     replay.stage(1, 2, [6, 7])
-    merged = merger.merge(replay.outcome_rows(), {("orders", 1): 4})
+    merged = merger.apply(replay.outcome_rows(), {("orders", 1): 4})
     merger.release(merged, {("orders", 1): 4})
     assert batch.staged(1) == [], "the crashed batch's leftover goes once the commit passes it"
     assert _table(settings).transaction_version("kafka-parquet-sink/g/1/orders/1") == 4
@@ -116,7 +116,7 @@ def test_a_refused_file_is_parked_and_the_rest_merged_or_under_fail_nothing_is(s
     batch.stage(0, 0, [1, 2])
     batch.stage(1, 0, [3])
     commits = {("orders", 0): 2, ("orders", 1): 1}
-    _batches(settings, tmp_path, SinkMetrics(), park=False).merge(batch.outcome_rows(), commits)  # creates it
+    _batches(settings, tmp_path, SinkMetrics(), park=False).apply(batch.outcome_rows(), commits)  # creates it
     later = Batch(settings, tmp_path)
     later.stage(0, 2, ["not-a-number"], TEXT)  # a text key for a long column: the table cannot take it
     later.stage(1, 1, [4])
@@ -124,12 +124,12 @@ def test_a_refused_file_is_parked_and_the_rest_merged_or_under_fail_nothing_is(s
     version = _table(settings).version()
 
     with pytest.raises(DeltaRefusal) as refused:
-        _batches(settings, tmp_path, SinkMetrics(), park=False).merge(later.outcome_rows(), commits)
+        _batches(settings, tmp_path, SinkMetrics(), park=False).apply(later.outcome_rows(), commits)
     assert refused.value.reason == NARROWING and "partition 0, offsets 2-2" in str(refused.value)
     assert _table(settings).version() == version, "under fail nothing of the batch is applied"
 
     metrics = SinkMetrics()
-    _batches(settings, tmp_path, metrics, park=True).merge(later.outcome_rows(), commits)
+    _batches(settings, tmp_path, metrics, park=True).apply(later.outcome_rows(), commits)
     table = _table(settings)
     assert sorted(r["id"] for r in table.to_pyarrow_table().to_pylist()) == [1, 2, 3, 4]
     assert table.transaction_version("kafka-parquet-sink/g/1/orders/1") == 2
@@ -147,7 +147,7 @@ def test_finding_the_refused_file_downloads_each_staged_file_once(settings, tmp_
     group's downloads: each step once fetched every remaining file again."""
     batch = Batch(settings, tmp_path)
     batch.stage(0, 0, [1, 2])
-    _batches(settings, tmp_path, SinkMetrics(), park=False).merge(batch.outcome_rows(), {("orders", 0): 2})
+    _batches(settings, tmp_path, SinkMetrics(), park=False).apply(batch.outcome_rows(), {("orders", 0): 2})
     later = Batch(settings, tmp_path)
     later.stage(0, 2, [3])
     later.stage(0, 3, ["not-a-number"], TEXT)
@@ -167,7 +167,7 @@ def test_finding_the_refused_file_downloads_each_staged_file_once(settings, tmp_
         return real_merge(files, on_retry, on_bad_values=on_bad_values)
     monkeypatch.setattr(merger.target, "merge", refuse_the_first_group_as_a_whole)
 
-    merger.merge(later.outcome_rows(), {("orders", 0): 4, ("orders", 1): 2})
+    merger.apply(later.outcome_rows(), {("orders", 0): 4, ("orders", 1): 2})
 
     assert whole == [4]
     assert sorted(fetched) == sorted(f["location"] for files in later.rows.values() for f in files)
@@ -179,7 +179,7 @@ def test_a_staged_file_past_the_memory_bound_is_merged_in_pieces_each_recording_
     batch.stage(0, 0, [1, 2, 3, 4, 5, 6], row_group_rows=2)
     batch.stage(1, 0, [7])
     merger = _batches(settings, tmp_path, SinkMetrics(), park=False, max_bytes=1)
-    merged = merger.merge(batch.outcome_rows(), {("orders", 0): 6, ("orders", 1): 1})
+    merged = merger.apply(batch.outcome_rows(), {("orders", 0): 6, ("orders", 1): 1})
     merger.release(merged, {("orders", 0): 6, ("orders", 1): 1})
 
     table = _table(settings)
