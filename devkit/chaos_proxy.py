@@ -3,7 +3,9 @@
 `local_ems` can answer with an error status or slowly; what it cannot do is drop the connection
 the way a load balancer or a broken network does. Put this proxy between the service and the
 endpoint and call `reset_for(seconds)`: meanwhile every connection, new or open, is closed with
-a TCP reset (SO_LINGER 0), which clients see as "connection reset by peer".
+a TCP reset (SO_LINGER 0), which clients see as "connection reset by peer". With no connection open
+the window starts at the next one: a service still starting (Spark up in 5-9 s on a slow host) has
+none yet, and a window that passed before its first upload tested nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class ChaosProxy:
         self.port = free_port()
         self._target = ("127.0.0.1", target_port)
         self._reset_until = 0.0
+        self._armed_s = 0.0  # a window waiting for the next connection
         self._stopped = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", self.port))
         self._listener.settimeout(0.2)
@@ -36,8 +39,11 @@ class ChaosProxy:
         return f"http://127.0.0.1:{self.port}{path}"
 
     def reset_for(self, seconds: float) -> None:
-        self._reset_until = time.monotonic() + seconds
         with self._lock:
+            if not self._open:
+                self._armed_s = seconds
+                return
+            self._reset_until = time.monotonic() + seconds
             for sock in list(self._open):
                 self._reset(sock)
 
@@ -49,7 +55,10 @@ class ChaosProxy:
                 self._reset(sock)
 
     def _resetting(self) -> bool:
-        return time.monotonic() < self._reset_until
+        with self._lock:
+            if self._armed_s:
+                self._reset_until, self._armed_s = time.monotonic() + self._armed_s, 0.0
+            return time.monotonic() < self._reset_until
 
     def _reset(self, sock: socket.socket) -> None:
         try:
