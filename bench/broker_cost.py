@@ -16,7 +16,7 @@ import time
 import psutil
 from confluent_kafka import Consumer, TopicPartition
 
-from bench.measure import wait_until_quiet
+from bench.measure import cpu_seconds, wait_until_quiet
 from bench.run import produce_workload, stop_leftovers
 from bench.workload import WorkloadSpec
 from devkit.brokers import running_broker
@@ -41,7 +41,7 @@ def main() -> None:
 
 def measure(bootstrap: str, broker: list[psutil.Process], args: argparse.Namespace) -> None:
     def cpu_s() -> float:
-        return sum(sum(p.cpu_times()[:2]) for p in broker if p.is_running())
+        return sum(cpu_seconds(p) for p in broker)
 
     produced = produce_workload(bootstrap, WorkloadSpec(records=args.records, partitions=args.partitions), TOPIC)
     wait_until_quiet(0.15, 120)

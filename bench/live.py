@@ -32,12 +32,12 @@ from pathlib import Path
 import numpy as np
 
 from bench import report
+from bench.endpoint import EndpointProcess
 from bench.measure import UNKNOWN_END, ProcessTreeSampler, wait_until_quiet
 from bench.systems import REPO, SYSTEMS, Output, RunContext, System
 from bench.workload import WorkloadSpec, produce_trailers
-from devkit.brokers import broker_kind
+from devkit.brokers import reported_ends_need_trailers
 from devkit.kafka_data import create_topics, end_offsets
-from local_ems.server import LocalEmsServer
 
 
 def log(message: str) -> None:
@@ -123,7 +123,7 @@ def latency(out: Output) -> dict:
             "mean_s": float(seconds.mean())}
 
 
-def run_live_system(system: System, ctx: RunContext, producer: LiveProducer, endpoint: LocalEmsServer,
+def run_live_system(system: System, ctx: RunContext, producer: LiveProducer, endpoint: EndpointProcess,
                     group: str, args: argparse.Namespace, broker_pids: list[int], rate: int) -> dict:
     """One system at one rate: start it, wait until it is up, produce, wait until it is done, stop it.
 
@@ -138,7 +138,7 @@ def run_live_system(system: System, ctx: RunContext, producer: LiveProducer, end
     create_topics(ctx.bootstrap, {ctx.topic: ctx.partitions}, retention)
     started = time.monotonic()
     system.start(ctx, group)
-    sampler = ProcessTreeSampler(system.pid, ours=[os.getpid(), *broker_pids, producer.pid]).__enter__()
+    sampler = ProcessTreeSampler(system.pid, ours=[endpoint.pid, os.getpid(), *broker_pids, producer.pid]).__enter__()
     stats: dict | None = None
     try:
         ready_s = wait_ready(system, args.live_ready_timeout)
@@ -154,12 +154,11 @@ def run_live_system(system: System, ctx: RunContext, producer: LiveProducer, end
             if not system.alive():
                 raise RuntimeError("the system exited while the producer was running")
             stats = producer.result(0.1)
-        true_ends = None  # tansu's reported ends fall short of a last batch of several records: trailers
-        if broker_kind(args.broker) == "tansu":
-            true_ends = produce_trailers(ctx.bootstrap, ctx.topic, ctx.partitions, producer.spec.record_size)
-        produced = stats["records"] + (ctx.partitions if true_ends is not None else 0)
+        added = (produce_trailers(ctx.bootstrap, ctx.topic, ctx.partitions, producer.spec.record_size)
+                 if reported_ends_need_trailers(args.broker) else None)
+        produced = stats["records"] + (added.records if added is not None else 0)
         ends = end_offsets(ctx.bootstrap, ctx.topic, ctx.partitions)
-        if sum(ends.values()) < produced or (true_ends is not None and ends != true_ends):
+        if sum(ends.values()) < produced or (added is not None and ends != added.ends):
             raise RuntimeError(f"end offsets {ends} hold fewer than the {produced} records produced")
         # The producer is not idempotent: a send retried after a lost acknowledgement is written twice
         # (7 of 21M records in a 70-minute run). Those offsets must be committed too.
@@ -206,8 +205,8 @@ def run_live_system(system: System, ctx: RunContext, producer: LiveProducer, end
         "peak_rss_mb": sampler.peak_rss / 2**20,
         "peak_rss_mb_by_process_kind": {kind: round(rss / 2**20) for kind, rss in sampler.peak_rss_by_kind.items()},
         "peak_processes": sampler.peak_processes,
-        "endpoint_cpu_s": sampler.ours_cpu_s[0],
-        "broker_cpu_s": sum(sampler.ours_cpu_s[1:-1]),
+        "endpoint_cpu_s": sum(sampler.ours_cpu_s[:2]),  # the endpoint's process and the benchmark's
+        "broker_cpu_s": sum(sampler.ours_cpu_s[2:-1]),
         "producer_cpu_s": sampler.ours_cpu_s[-1],
         "other_load_cores": sampler.other_cpu_s / sampler.wall_s if sampler.wall_s else None,
         "steal_cores": sampler.steal_cpu_s / sampler.wall_s if sampler.wall_s else None,
@@ -226,7 +225,7 @@ def run_live_system(system: System, ctx: RunContext, producer: LiveProducer, end
     return result
 
 
-def run_live(bootstrap: str, endpoint: LocalEmsServer, args: argparse.Namespace, work: Path, stamp: str,
+def run_live(bootstrap: str, endpoint: EndpointProcess, args: argparse.Namespace, work: Path, stamp: str,
              broker_pids: list[int], context: Callable[[str, Path], RunContext]) -> list[dict]:
     """One run per rate in args.live_rates; `context(topic, workdir)` builds each system's RunContext."""
     runs = []

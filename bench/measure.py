@@ -44,7 +44,7 @@ class ProcessTreeSampler:
         self._t0 = time.monotonic()
         self._machine0 = _busy_cpu_seconds()
         self._steal0 = _steal_cpu_seconds()
-        self._ours0 = [_cpu_seconds(p) for p in self.ours]
+        self._ours0 = [cpu_seconds(p) for p in self.ours]
         self._thread.start()
         return self
 
@@ -59,7 +59,7 @@ class ProcessTreeSampler:
         self.wall_s = time.monotonic() - self._t0
         machine = _busy_cpu_seconds() - self._machine0
         self.steal_cpu_s = _steal_cpu_seconds() - self._steal0
-        self.ours_cpu_s = [_cpu_seconds(p) - before for p, before in zip(self.ours, self._ours0, strict=True)]
+        self.ours_cpu_s = [cpu_seconds(p) - before for p, before in zip(self.ours, self._ours0, strict=True)]
         self.other_cpu_s = max(0.0, machine - sum(self.ours_cpu_s) - self.tree_cpu_s)
 
     @property
@@ -104,7 +104,7 @@ class ProcessTreeSampler:
                     # pages are the JVM's, and counting them doubled the JVM in 2 of 6 live runs (610 MB).
                     continue
                 rss = p.memory_info().rss
-                self._cpu[p.pid] = _cpu_seconds(p)
+                self._cpu[p.pid] = cpu_seconds(p)
                 # Until known: spark-submit's shell script becomes the JVM by exec, under the same pid.
                 if self._kind.get(p.pid, "other") == "other":
                     self._kind[p.pid] = "main" if p.pid == self.root.pid else _process_kind(p)
@@ -161,7 +161,8 @@ def _fetch_thread_cpu(pid: int) -> dict[int, float]:
     return found
 
 
-def _cpu_seconds(p: psutil.Process) -> float:
+def cpu_seconds(p: psutil.Process) -> float:
+    """User + system CPU of one process; 0 once it is gone."""
     try:
         t = p.cpu_times()
         return t.user + t.system

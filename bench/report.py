@@ -193,14 +193,14 @@ earlier), so latency is measured from max(produce timestamp, system start) to th
 the service and the hand-written pipeline the endpoint's `received_at` of the file holding the record,
 for Quix the file's mtime on local disk, for Pathway the first 0.1-0.2 s poll that saw the line in its
 output file. The raw produce->upload figures are in results.json.
-[2] CPU time of processes other than the system, the benchmark (which hosts the endpoint) and the broker,
+[2] CPU time of processes other than the system, the benchmark, the endpoint and the broker,
 divided by the system's wall time: a CI run sharing the machine shows up here. Steal is CPU time the
 hypervisor gave to other virtual machines while this one wanted it (the `st` of `top`); on a 2-core VM
 0.5 cores of steal slows every system by about a quarter, and not evenly over a run.
 [3] CPU used during the system's run by the broker (serving fetches and commits; noida-db also saves its whole
-state, about 4 CPU-s per 1M records, at most every ~6 s while offsets are committed) and by the benchmark
-process, which hosts the endpoint (multipart parsing, Parquet decoding, SQLite upsert) and polls offsets: part
-of the cost of a run, not counted in the system's own CPU seconds.
+state, about 4 CPU-s per 1M records, at most every ~6 s while offsets are committed), by the endpoint's
+process (multipart parsing, Parquet decoding, SQLite upsert) and by the benchmark process (sampling, offset
+polls): part of the cost of a run, not counted in the system's own CPU seconds.
 [4] Before each system the benchmark waits until the whole machine is quiet (busy below --quiet-cores
 for 2 s). noida-db keeps a full core busy for about 12 s after 2M records are produced; with a fixed
 pause, the system that runs first would share the machine with that work.
@@ -216,7 +216,7 @@ was on disk (Quix: file mtime; Pathway: the 0.1 s poll that first saw its line) 
 (produce time).
 
 Only the service and the hand-written pipeline push each file to the EMS-compatible endpoint (which
-parses it and upserts it into SQLite inside the benchmark process, on the same cores); Quix writes local
+parses it and upserts it into SQLite in a process of its own, on the same cores); Quix writes local
 Parquet files and Pathway a local JSON Lines file, and neither pushes anything. Pathway's group offsets
 follow what it has read (librdkafka auto-commit), not what it has written: its "commits" here are lines in
 its output file. Compare ratios, not absolute numbers: the machine is shared and noisy."""

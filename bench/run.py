@@ -31,6 +31,7 @@ import psutil
 from confluent_kafka import libversion
 
 from bench import report
+from bench.endpoint import EndpointProcess, endpoint_process
 from bench.live import run_live
 from bench.measure import ProcessTreeSampler, latency_stats, machine_info, wait_until_quiet
 from bench.systems import (
@@ -45,9 +46,8 @@ from bench.systems import (
     System,
 )
 from bench.workload import Produced, WorkloadSpec, build_records, produce, produce_trailers
-from devkit.brokers import broker_kind, running_broker
+from devkit.brokers import broker_kind, reported_ends_need_trailers, running_broker
 from devkit.kafka_data import create_topics, end_offsets
-from local_ems.server import LocalEmsServer
 from sink_service.startup.java_home import resolve_java
 
 AUTHORIZATION = "AppKey bench-key"
@@ -116,8 +116,8 @@ def versions(systems: list[str]) -> dict[str, str]:
 
 
 def produce_workload(bootstrap: str, spec: WorkloadSpec, topic: str, trailers: bool = False) -> Produced:
-    """The workload in `topic`; with `trailers` (tansu) one more record per partition, so the reported
-    end offsets are the true ones (`produce_trailers`)."""
+    """The workload in `topic`; with `trailers` one more record per partition, so the reported end offsets
+    are the true ones (`produce_trailers`)."""
     create_topics(bootstrap, {topic: spec.partitions})
     log(f"building {spec.records:,} records of {spec.record_size} B over {spec.keys:,} keys")
     keys, values = build_records(spec)
@@ -127,26 +127,25 @@ def produce_workload(bootstrap: str, spec: WorkloadSpec, topic: str, trailers: b
     del keys, values
     gc.collect()
     records = spec.records
-    if trailers:
-        true_ends = produce_trailers(bootstrap, topic, spec.partitions, spec.record_size)
-        records += spec.partitions
-        key_bytes += 8 * spec.partitions
-        value_bytes += spec.record_size * spec.partitions
+    added = produce_trailers(bootstrap, topic, spec.partitions, spec.record_size) if trailers else None
+    if added is not None:
+        records, key_bytes, value_bytes = (records + added.records, key_bytes + added.key_bytes,
+                                           value_bytes + added.value_bytes)
     ends = end_offsets(bootstrap, topic, spec.partitions)
-    if sum(ends.values()) != records or (trailers and ends != true_ends):
+    if sum(ends.values()) != records or (added is not None and ends != added.ends):
         raise RuntimeError(f"end offsets {ends} do not add up to {records} records")
     log(f"produced {records:,} records in {seconds:.1f}s ({records / seconds:,.0f}/s)")
     return Produced(topic, records, key_bytes, value_bytes, seconds, ends)
 
 
-def run_system(system: System, ctx: RunContext, produced: Produced, endpoint: LocalEmsServer, group: str,
+def run_system(system: System, ctx: RunContext, produced: Produced, endpoint: EndpointProcess, group: str,
                timeout_s: float, stall_s: float, broker_pids: list[int]) -> dict:
     result: dict = {"label": system.label, "group": group, "pushes_to_endpoint": system.pushes_to_endpoint}
     load_before = os.getloadavg()[0]
     started, started_wall = time.monotonic(), time.time()
     system.start(ctx, group)
     watcher = system.watcher(ctx, group, produced.end_offsets)
-    sampler = ProcessTreeSampler(system.pid, ours=[os.getpid(), *broker_pids]).__enter__()
+    sampler = ProcessTreeSampler(system.pid, ours=[endpoint.pid, os.getpid(), *broker_pids]).__enter__()
     try:
         timeline = watcher.wait_until_done(started, timeout_s, system.alive, stall_s)
         result.update(system.before_stop())
@@ -180,8 +179,8 @@ def run_system(system: System, ctx: RunContext, produced: Produced, endpoint: Lo
         "cpu_s_per_m_records": sampler.tree_cpu_s / (total / 1e6),
         "cpu_s_by_process_kind": sampler.cpu_s_by_kind,
         "peak_rss_mb_by_process_kind": {kind: round(rss / 2**20) for kind, rss in sampler.peak_rss_by_kind.items()},
-        "endpoint_cpu_s": sampler.ours_cpu_s[0],  # the benchmark process: mostly the endpoint's work
-        "broker_cpu_s": sum(sampler.ours_cpu_s[1:]),
+        "endpoint_cpu_s": sum(sampler.ours_cpu_s[:2]),  # the endpoint's process and the benchmark's
+        "broker_cpu_s": sum(sampler.ours_cpu_s[2:]),
         "other_load_cores": sampler.other_cpu_s / sampler.wall_s if sampler.wall_s else None,
         "steal_cores": sampler.steal_cpu_s / sampler.wall_s if sampler.wall_s else None,
         "load_average_before": load_before,
@@ -209,16 +208,16 @@ def run_system(system: System, ctx: RunContext, produced: Produced, endpoint: Lo
     return result
 
 
-def run_context(args, bootstrap: str, endpoint: LocalEmsServer, topic: str, workdir: Path) -> RunContext:
+def run_context(args, bootstrap: str, endpoint: EndpointProcess, topic: str, workdir: Path) -> RunContext:
     return RunContext(bootstrap, topic, args.partitions, endpoint.items_url(), AUTHORIZATION, workdir,
                       args.flush_records, args.flush_interval_ms, args.max_files_per_batch, dict(args.service_env),
                       args.pathway_autocommit_ms, bool(args.live_rates) or args.pathway_metadata, args.transform_sql)
 
 
-def run_workload(bootstrap: str, endpoint: LocalEmsServer, spec: WorkloadSpec, args, work: Path,
+def run_workload(bootstrap: str, endpoint: EndpointProcess, spec: WorkloadSpec, args, work: Path,
                  stamp: str, broker_pids: list[int]) -> dict:
     topic = f"bench_{spec.records}r_{spec.partitions}p_{spec.record_size}b_{stamp}"
-    produced = produce_workload(bootstrap, spec, topic, trailers=broker_kind(args.broker) == "tansu")
+    produced = produce_workload(bootstrap, spec, topic, trailers=reported_ends_need_trailers(args.broker))
     workdir = work / topic
     workdir.mkdir(parents=True)
     # A backlog smaller than --flush-records per partition would be flushed by the timer, not by size, and the
@@ -378,9 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with running_broker(args.broker) as bootstrap:
             broker = psutil.Process().children(recursive=True)  # the broker (a launcher and its server)
-            endpoint = LocalEmsServer(work / "ems", AUTHORIZATION).start()
             broker_pids = [p.pid for p in broker]
-            try:
+            with endpoint_process(work / "ems", AUTHORIZATION) as endpoint:
                 if args.live_rates:
                     result["settings"].update(live_seconds=args.live_seconds, live_retention_s=args.live_retention_s)
                     result["runs"] = run_live(bootstrap, endpoint, args, work, stamp, broker_pids,
@@ -390,8 +388,6 @@ def main(argv: list[str] | None = None) -> int:
                     run = run_workload(bootstrap, endpoint, spec, args, work, stamp, broker_pids)
                     run["sweep_value"] = value
                     result["runs"].append(run)
-            finally:
-                endpoint.stop()
     finally:
         stop_leftovers(broker)
     result["total_s"] = time.monotonic() - started

@@ -15,8 +15,6 @@ The first round warms imports and connections and is not printed.
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -25,8 +23,9 @@ from pathlib import Path
 import pyarrow as pa
 from confluent_kafka import Producer
 
+from bench.endpoint import endpoint_process
 from bench.workload import WorkloadSpec, build_records
-from devkit.brokers import free_port, running_broker
+from devkit.brokers import running_broker
 from devkit.kafka_data import create_topics
 from sink_service.config.upload_targets import build_target
 from sink_service.decode import DecodeSpec
@@ -86,19 +85,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="task-speed-"))
-    port = free_port()
-    endpoint = subprocess.Popen(
-        [sys.executable, "-m", "local_ems", "--port", str(port), "--data-dir", str(work / "ems"),
-         "--authorization", AUTHORIZATION], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        items_url = endpoint.stdout.readline().strip()
-        with running_broker() as bootstrap:
-            create_topics(bootstrap, {"orders": args.tasks})
-            _produce(bootstrap, "orders", args.tasks, args.records_per_task)
-            _run(args, bootstrap, items_url, work)
-    finally:
-        endpoint.terminate()
-        endpoint.wait(30)
+    with endpoint_process(work / "ems", AUTHORIZATION) as endpoint, running_broker() as bootstrap:
+        create_topics(bootstrap, {"orders": args.tasks})
+        _produce(bootstrap, "orders", args.tasks, args.records_per_task)
+        _run(args, bootstrap, endpoint.items_url(), work)
 
 
 def _run(args: argparse.Namespace, bootstrap: str, items_url: str, work: Path) -> None:

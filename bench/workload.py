@@ -77,15 +77,30 @@ def build_records(spec: WorkloadSpec, seed: int = 7) -> tuple[list[bytes], list[
     return keys, values
 
 
-def produce_trailers(bootstrap: str, topic: str, partitions: int, record_size: int) -> dict[int, int]:
+@dataclass(frozen=True)
+class Trailers:
+    """What `produce_trailers` wrote: the true end offsets and the records it added to the topic."""
+
+    ends: dict[int, int]
+    key_bytes: int
+    value_bytes: int
+
+    @property
+    def records(self) -> int:
+        return len(self.ends)
+
+
+def produce_trailers(bootstrap: str, topic: str, partitions: int, record_size: int) -> Trailers:
     """One more record per partition, each produced alone; returns the true end offsets.
 
     tansu reports a partition's high watermark as the base offset of its last batch + 1, so after a backlog
-    produced in large batches its reported ends fall short. A last batch of one record makes the reported
-    end the true end. Each trailer is a workload record of its own key (`t` and the partition)."""
+    produced in large batches its reported ends fall short (`devkit.brokers.reported_ends_need_trailers`). A last
+    batch of one record makes the reported end the true end. Each trailer is a workload record of its own key
+    (`t` and the partition)."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": "all"})
     ends: dict[int, int] = {}
     errors: list[str] = []
+    key_bytes = value_bytes = 0
 
     def delivered(err, msg) -> None:
         if err is not None:
@@ -96,11 +111,13 @@ def produce_trailers(bootstrap: str, topic: str, partitions: int, record_size: i
     for partition in range(partitions):
         head = (_SKELETON % (partition, 0, STATUSES[0], 1, 0, 0, "")).replace('"id":"k', '"id":"t', 1)
         value = (head[:-2] + "x" * max(0, record_size - len(head)) + '"}').encode()
-        producer.produce(topic, value, b"t%07d" % partition, partition=partition, on_delivery=delivered)
+        key = b"t%07d" % partition
+        producer.produce(topic, value, key, partition=partition, on_delivery=delivered)
         producer.flush(30)  # one batch per trailer: its base offset is its own offset
+        key_bytes, value_bytes = key_bytes + len(key), value_bytes + len(value)
     if errors or len(ends) != partitions:
         raise KafkaException(f"trailers not acknowledged: {errors or sorted(set(range(partitions)) - set(ends))}")
-    return ends
+    return Trailers(ends, key_bytes, value_bytes)
 
 
 class AckedProducer:

@@ -54,7 +54,7 @@ def _produce_backlog(bootstrap: str, topic: str, records: int) -> dict[int, int]
     produce(bootstrap, topic, keys, values)
     del keys, values
     gc.collect()
-    return produce_trailers(bootstrap, topic, PARTITIONS, spec.record_size)
+    return produce_trailers(bootstrap, topic, PARTITIONS, spec.record_size).ends
 
 
 def _drain(bootstrap: str, ems: LocalEmsServer, topic: str, ends: dict[int, int], work: Path,
