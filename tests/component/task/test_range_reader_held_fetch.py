@@ -32,7 +32,7 @@ def holding_broker() -> Iterator[tuple[str, dict[int, int]]]:
         create_topics(bootstrap, {"held": PARTITIONS})
         spec = WorkloadSpec(records=RECORDS, partitions=PARTITIONS, keys=RECORDS)
         produce(bootstrap, "held", *build_records(spec))
-        ends = produce_trailers(bootstrap, "held", PARTITIONS, spec.record_size)
+        ends = produce_trailers(bootstrap, "held", PARTITIONS, spec.record_size).ends
         assert end_offsets(bootstrap, "held", PARTITIONS) == ends
         try:
             yield bootstrap, ends
