@@ -36,5 +36,12 @@ class FlushSettings:
         "SINK_MAX_FILES_PER_BATCH", "Most files' worth of records admitted into one micro-batch: a whole file "
         "counts one, a smaller range released by the time threshold its share of a file and at least a third (so 24 "
         "quiet partitions fit where 8 files would); bounds batch duration, time to the first commit and how much is "
-        "replayed after a crash.", 8, minimum=1,
+        "replayed after a crash. Partitions that are behind count by SINK_MAX_BATCH_RECORDS instead.", 8, minimum=1,
         group="Flush")
+    max_batch_records: int = setting(
+        "SINK_MAX_BATCH_RECORDS", "Most records one micro-batch takes from partitions that are behind (records "
+        "older than SINK_FLUSH_INTERVAL_MS when the partition was first looked at: a backlog at a start; or a "
+        "wait of four intervals: a stall, an outage of the target), and at most SINK_MAX_FILES_PER_BATCH x SINK_FLUSH_BYTES of their estimated "
+        "Parquet: a backlog is drained by volume, however small its files, while partitions that keep up are "
+        "served in short batches of files. Bounds such a batch's duration and what a crash replays.",
+        800_000, minimum=1, group="Flush")

@@ -136,6 +136,7 @@ class Pipeline:
             flush_bytes=c.flush_bytes,
             flush_interval_ms=c.flush_interval_ms,
             max_files_per_batch=c.max_files_per_batch,
+            max_batch_records=c.max_batch_records,
             executor_cores=self.spark.sparkContext.defaultParallelism,
             retention_gap_policy=c.retention_gap_policy,
             read_batch_max_bytes=c.read_batch_max_bytes,

@@ -21,6 +21,16 @@ at least `MIN_RANGE_COST`. Counted as one each, such ranges made batches of 8 ou
 due by time, each partition waiting about 12 batches for its turn; a backlog's batches, made of
 whole files, hold `SINK_MAX_FILES_PER_BATCH` files as before.
 
+A partition that is behind is served by volume instead. Once its oldest pending record has waited
+`BEHIND_INTERVALS` intervals (a stall, a target that was down), or from a first look that found records
+written an interval ago or longer (a backlog at a start, a partition found with old records), its range costs
+its records against `max_batch_records` (and its estimated Parquet bytes against the budget's files at
+the byte threshold), not files: with a small record threshold every file of a backlog is small, and a
+budget in files drained it eight small files a batch (1M records over 96 partitions in files of 10,840
+records: 13 batches of 86k records, 30.8k records/s; by volume 38.4-39.8k). Partitions that keep
+up are still served in short batches of files: every due range in one batch cost live latency (20k
+records/s over 96 partitions: p99 12.1 s with 24 ranges a batch, 17.8 s with all 96).
+
 Records already in Kafka when a partition is first looked at (a backlog after a start, a partition
 found while running) are dated by their Kafka timestamps, not by that look: records written a minute
 before a start have waited a minute. Without this, a backlog of partitions each holding less than a
@@ -43,6 +53,11 @@ TopicPartition = tuple[str, int]
 # 8 ranges a batch (a cost of one) p50 5.7 / p99 12.2 s at 14.6-15.1 CPU-s per M records, 24 (a third)
 # 4.9-5.0 / 10.3-10.5 s at 13.9, 96 (every due range at once) 5.7-6.1 / 11.1-12.6 s at 13.2-13.5.
 MIN_RANGE_COST = 1 / 3
+# A partition whose oldest pending record has waited this many intervals is behind (see above). A live
+# range waits one interval, plus its turn: at 20k records/s over 96 partitions with 24 ranges a batch,
+# some waited two intervals, and counted as behind at two their batches grew to 74-88 ranges of 8-9 s
+# (p99 12.1 -> 16.7 s). A stall or an outage of the target soon passes four.
+BEHIND_INTERVALS = 4
 
 
 @dataclass(frozen=True)
@@ -54,6 +69,8 @@ class Thresholds:
     # The first batch after a start holds one wave of files (one per core), so the first commit,
     # and readiness, come after seconds rather than after a whole backlog.
     first_batch_ranges: int | None = None
+    # The most records a batch takes from partitions that are behind; None: they count in files too.
+    max_batch_records: int | None = None
 
 
 @dataclass
@@ -69,6 +86,10 @@ class Admission:
     # a partition wait the interval plus one micro-batch (or more, under load) before it is due.
     last_plan_at: float | None = None
     looked_at: set[TopicPartition] = field(default_factory=set)
+    # Partitions whose first look found records written an interval ago or longer: behind until drained.
+    # (Kafka's timestamps date them only that far back, `written_at`, so their wait alone would not say
+    # they are behind until another interval had passed: 3 of a 96-partition backlog's 5 batches.)
+    behind_since_first_look: set[TopicPartition] = field(default_factory=set)
 
     def first_looks(self, start: dict[TopicPartition, int],
                     available: dict[TopicPartition, int]) -> list[TopicPartition]:
@@ -115,8 +136,11 @@ class Admission:
             pending = available.get(tp, begin) - begin
             if pending <= 0:
                 self.arrivals.pop(tp, None)
+                self.behind_since_first_look.discard(tp)
                 continue
             dated = min(new_since, written_at.get(tp, new_since)) if first_look else new_since
+            if first_look and now - dated >= limits.interval_s:
+                self.behind_since_first_look.add(tp)
             since = self._oldest_pending_since(tp, begin, available[tp], dated)
             records_per_file = limits.records
             estimate = estimates.get(tp[0])
@@ -146,15 +170,25 @@ class Admission:
             # One wave: a range per core, whatever it holds, so the first commit comes after one task each.
             budget, least_cost = min(budget, limits.first_batch_ranges), 1.0
         grants = {tp: 0 for _, tp, _ in due}
+        behind = set()
+        if self.admitted_before and limits.max_batch_records:
+            behind = {tp for since, tp, _ in due
+                      if tp in self.behind_since_first_look or now - since >= BEHIND_INTERVALS * limits.interval_s}
         while budget > 0:
             progressed = False
             for _, tp, admit in due:
                 if grants[tp] < admit:
-                    step = min(admit - grants[tp], limits.records)
                     per_file = file_records[tp]
-                    cost = 1.0 if step >= per_file else max(least_cost, step / per_file)
-                    if cost > budget + 1e-9:
-                        continue
+                    if tp in behind:
+                        # A file at a time, costing its share of the records budget or of the files' bytes.
+                        step = min(admit - grants[tp], per_file)
+                        cost = max(limits.max_ranges_per_batch * step / limits.max_batch_records,
+                                   step * estimates.get(tp[0], 0.0) / limits.bytes)
+                    else:
+                        step = min(admit - grants[tp], limits.records)
+                        cost = 1.0 if step >= per_file else max(least_cost, step / per_file)
+                    if cost > budget + 1e-9 and any(grants.values()):
+                        continue  # the first range always fits: a budget below one file still moves
                     grants[tp] += step
                     budget -= cost
                     progressed = True
@@ -166,4 +200,5 @@ class Admission:
                 end[tp] = start[tp] + granted
                 if end[tp] >= available[tp]:
                     self.arrivals.pop(tp, None)
+                    self.behind_since_first_look.discard(tp)
         return end

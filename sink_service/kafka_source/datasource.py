@@ -62,6 +62,7 @@ class SourceOptions:
     flush_bytes: int
     flush_interval_ms: int
     max_files_per_batch: int
+    max_batch_records: int
     # One wave of tasks: the first batch holds this many files, and every batch's ranges are
     # dealt into this many tasks.
     executor_cores: int
@@ -161,7 +162,7 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
             self._offsets = KafkaOffsets(o.client_config, o.group_id)
             self._admission = Admission(
                 Thresholds(o.flush_records, o.flush_bytes, o.flush_interval_ms / 1000, o.max_files_per_batch,
-                           o.executor_cores)
+                           o.executor_cores, o.max_batch_records)
             )
         return self._offsets
 

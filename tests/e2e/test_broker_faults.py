@@ -61,7 +61,8 @@ def started(own_broker, ems_last_upload, unique, service_env, services) -> Calla
         produce_orders(own_broker.bootstrap, topic, keys=3000, updates=3, workload=workload)
         env = service_env(topic, group, SINK_KAFKA_BOOTSTRAP_SERVERS=own_broker.bootstrap,
                           SINK_EMS_ENDPOINT=ems_last_upload.items_url(), SINK_FLUSH_RECORDS=500,
-                          SINK_MAX_FILES_PER_BATCH=2, SINK_RESTART_BACKOFF_MAX_MS=4000)
+                          SINK_MAX_FILES_PER_BATCH=2, SINK_MAX_BATCH_RECORDS=1000,
+                          SINK_RESTART_BACKOFF_MAX_MS=4000)
         run = Run(own_broker, ems_last_upload, services(env), topic, group, int(env["SINK_HTTP_PORT"]), workload)
         wait_until(lambda: run.committed() > 0, 120, "first commits", process=run.service)
         total = sum(end_offsets(own_broker.bootstrap, topic, PARTITIONS).values())

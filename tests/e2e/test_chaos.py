@@ -59,7 +59,8 @@ def test_twelve_kills_with_endpoint_and_broker_faults_lose_nothing(own_broker, e
     proxy = ChaosProxy(urlsplit(ems.url).port)
     endpoint = proxy.url(urlsplit(ems.items_url()).path)
     env = service_env(topic, group, SINK_KAFKA_BOOTSTRAP_SERVERS=bootstrap, SINK_EMS_ENDPOINT=endpoint,
-                      SINK_FLUSH_RECORDS=2000, SINK_MAX_FILES_PER_BATCH=4, SINK_FLUSH_INTERVAL_MS=1000,
+                      SINK_FLUSH_RECORDS=2000, SINK_MAX_FILES_PER_BATCH=4,
+                      SINK_MAX_BATCH_RECORDS=8000, SINK_FLUSH_INTERVAL_MS=1000,
                       SINK_UPLOAD_RETRY_BUDGET_MS=4000, SINK_RESTART_BACKOFF_MAX_MS=2000)
     workload = Workload()
 

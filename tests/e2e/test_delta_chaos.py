@@ -133,7 +133,8 @@ def test_delta_on_s3_through_kills_resets_and_a_stopped_store_is_exact_and_appli
     batches = DeltaLocation(location.uri + CHANGES_SUFFIX, moto_process.url) if change_log else location
     env = service_env(topic, group, SINK_TARGET="delta", SINK_DELTA_TABLE_URI=f"s3://{bucket}/tables/{{topic}}",
                       SINK_S3_ENDPOINT_URL=proxy.url(""), SINK_S3_REGION="us-east-1", SINK_FLUSH_RECORDS=600,
-                      SINK_MAX_FILES_PER_BATCH=3, SINK_FLUSH_INTERVAL_MS=1000, SINK_UPLOAD_TIMEOUT_MS=3000,
+                      SINK_MAX_FILES_PER_BATCH=3,
+                      SINK_MAX_BATCH_RECORDS=1800, SINK_FLUSH_INTERVAL_MS=1000, SINK_UPLOAD_TIMEOUT_MS=3000,
                       SINK_UPLOAD_RETRY_BUDGET_MS=8000, SINK_RESTART_BACKOFF_MAX_MS=2000,
                       **delete_env(True), **S3_CREDENTIALS,
                       **({"SINK_DELTA_CHANGE_LOG": "true", "SINK_DELTA_COMPACT_AT_CHANGES_PERCENT": "5"}

@@ -85,6 +85,7 @@ def test_delta_table_is_exact_and_applied_once_through_kill_minus_nine(
     produce_orders_with_deletes(bootstrap, topic, keys=3000, updates=4, workload=workload)
     where = _location(place, tmp_path, request, unique)
     env = _delta_env(service_env, topic, group, where, SINK_FLUSH_RECORDS=1000, SINK_MAX_FILES_PER_BATCH=3,
+                     SINK_MAX_BATCH_RECORDS=3000,
                      SINK_FLUSH_INTERVAL_MS=1000, **delete_env(hard_deletes),
                      **({"SINK_DELTA_CHANGE_LOG": "true", "SINK_DELTA_COMPACT_AT_CHANGES_PERCENT": "1"}
                         if change_log else {}))
@@ -146,6 +147,7 @@ def test_two_instances_of_one_group_write_one_s3_table_exactly_once(
     where = _location("s3", tmp_path, request, unique)
     location = DeltaLocation(where.uri.replace("{topic}", topic), where.endpoint_url)
     envs = [_delta_env(service_env, topic, group, where, SINK_FLUSH_RECORDS=800, SINK_MAX_FILES_PER_BATCH=2,
+                       SINK_MAX_BATCH_RECORDS=1600,
                        SINK_FLUSH_INTERVAL_MS=1000, **delete_env(False),
                        **({"SINK_DELTA_CHANGE_LOG": "true", "SINK_DELTA_COMPACT_AT_CHANGES_PERCENT": "1"}
                           if change_log else {})) for _ in range(2)]
@@ -208,6 +210,7 @@ def test_kill_minus_nine_after_staging_before_the_merge_then_after_the_merge_los
     where = _location("dir", tmp_path, request, unique)
     location = DeltaLocation(where.uri.replace("{topic}", topic), None)
     env = _delta_env(service_env, topic, group, where, SINK_FLUSH_RECORDS=700, SINK_MAX_FILES_PER_BATCH=2,
+                     SINK_MAX_BATCH_RECORDS=1400,
                      SINK_FLUSH_INTERVAL_MS=1000, **delete_env(False))
     staging = Path(location.uri) / STAGING_DIR
     log_dir = Path(location.uri) / "_delta_log"

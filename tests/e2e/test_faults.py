@@ -33,7 +33,7 @@ def test_kill_minus_nine_twice_mid_stream_loses_nothing(bootstrap, ems_last_uplo
     workload = Workload()
     produce_orders(bootstrap, topic, keys=6000, updates=5, workload=workload)
     env = service_env(topic, group, SINK_EMS_ENDPOINT=ems.items_url(), SINK_FLUSH_RECORDS=1000,
-                      SINK_MAX_FILES_PER_BATCH=3)
+                      SINK_MAX_FILES_PER_BATCH=3, SINK_MAX_BATCH_RECORDS=3000)
     total = sum(end_offsets(bootstrap, topic, 3).values())
 
     def committed() -> int:

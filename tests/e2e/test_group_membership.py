@@ -83,6 +83,7 @@ def test_a_second_instance_shares_the_partitions_and_takes_over(
 
     def env(name: str) -> dict[str, str]:
         return service_env(topic, group, SINK_FLUSH_RECORDS=250, SINK_MAX_FILES_PER_BATCH=4,
+                           SINK_MAX_BATCH_RECORDS=1000,
                            SINK_SCRATCH_DIR=str(tmp_path / name))
 
     watch = CommitWatch(bootstrap, group, topic)
@@ -199,6 +200,7 @@ def test_a_lost_assignment_stops_the_uploads_of_the_batch_in_flight(bootstrap, e
     workload = Workload()
     produce_orders(bootstrap, topic, keys=LOST_FILES * 100, updates=1, workload=workload, partition=0)
     env = service_env(topic, group, SINK_FLUSH_RECORDS=100, SINK_MAX_FILES_PER_BATCH=LOST_FILES,
+                      SINK_MAX_BATCH_RECORDS=LOST_FILES * 100,
                       SINK_SCRATCH_DIR=str(tmp_path / "a"))
 
     def uploads() -> list[tuple[int, float]]:

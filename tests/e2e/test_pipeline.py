@@ -91,6 +91,7 @@ def test_idle_partition_flushes_on_time_while_another_is_busy(bootstrap, ems, un
     create_topics(bootstrap, {topic: 2})
     interval_s = 3.0
     service = services(service_env(topic, group, SINK_FLUSH_RECORDS=2000, SINK_MAX_FILES_PER_BATCH=4,
+                                   SINK_MAX_BATCH_RECORDS=8000,
                                    SINK_FLUSH_INTERVAL_MS=int(interval_s * 1000)))
     busy_workload = Workload()
     stop = threading.Event()

@@ -68,7 +68,7 @@ def test_s3_target_with_kill_minus_nine(bootstrap, s3_endpoint, unique, service_
     produce_orders(bootstrap, topic, keys=4000, updates=5, workload=workload)
     env = service_env(topic, group, SINK_TARGET="s3", SINK_S3_BUCKET=bucket, SINK_S3_PREFIX="landing",
                       SINK_S3_ENDPOINT_URL=s3_endpoint, SINK_S3_REGION="us-east-1", SINK_FLUSH_RECORDS=1000,
-                      SINK_MAX_FILES_PER_BATCH=3, **AWS_ENV)
+                      SINK_MAX_FILES_PER_BATCH=3, SINK_MAX_BATCH_RECORDS=3000, **AWS_ENV)
     env.pop("SINK_EMS_ENDPOINT")
     env.pop("SINK_EMS_AUTHORIZATION")
 

@@ -89,7 +89,7 @@ def test_one_partitions_files_reach_the_endpoint_in_offset_order_across_a_kill(
     produce_orders(bootstrap, topic, keys=KEYS, updates=VERSIONS, workload=workload, partition=0)
     total = end_offsets(bootstrap, topic, 1)[0]
     env = service_env(topic, group, SINK_EMS_ENDPOINT=ems.items_url(), SINK_FLUSH_RECORDS=FLUSH_RECORDS,
-                      SINK_MAX_FILES_PER_BATCH=8)
+                      SINK_MAX_FILES_PER_BATCH=8, SINK_MAX_BATCH_RECORDS=8 * FLUSH_RECORDS)
 
     def committed() -> int:
         return committed_offsets(bootstrap, group, topic, 1).get(0, 0)

@@ -32,7 +32,8 @@ def _planner(bootstrap: str, tmp_path, topic: str, partitions: int) -> KafkaRang
     options = SourceOptions(
         client_config={"bootstrap.servers": bootstrap}, group_id=f"{topic}-group",
         starting_positions={topic: {str(p): 0 for p in range(partitions)}}, flush_records=1000,
-        flush_bytes=1 << 30, flush_interval_ms=INTERVAL_MS, max_files_per_batch=100, executor_cores=100,
+        flush_bytes=1 << 30, flush_interval_ms=INTERVAL_MS, max_files_per_batch=100,
+        max_batch_records=800_000, executor_cores=100,
         retention_gap_policy="fail", read_batch_max_bytes=1 << 20, state_dir=str(tmp_path), task="",
     )
     return KafkaRangeStreamReader(options)

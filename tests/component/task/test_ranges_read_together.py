@@ -175,6 +175,7 @@ def _task_outcomes(bootstrap: str, group: str, ranges: list[Range], task: TaskSp
     options = SourceOptions(
         client_config={"bootstrap.servers": bootstrap}, group_id=group, starting_positions={},
         flush_records=task.flush_records, flush_bytes=1 << 30, flush_interval_ms=1000, max_files_per_batch=8,
+        max_batch_records=800_000,
         executor_cores=1, retention_gap_policy="fail", read_batch_max_bytes=MAX_BYTES, state_dir=str(tmp_path),
         task=SourceOptions.pack_task(_Built(task)),
     )

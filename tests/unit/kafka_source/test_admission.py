@@ -5,13 +5,14 @@ from __future__ import annotations
 import itertools
 import random
 
-from sink_service.kafka_source.admission import Admission, Thresholds
+from sink_service.kafka_source.admission import BEHIND_INTERVALS, Admission, Thresholds
 
 A, B, C, D = ("t", 0), ("t", 1), ("t", 2), ("u", 0)
 
 
-def admission(records=100, bytes_=1 << 30, interval_s=60.0, max_ranges=1000, first_ranges=None) -> Admission:
-    return Admission(Thresholds(records, bytes_, interval_s, max_ranges, first_ranges))
+def admission(records=100, bytes_=1 << 30, interval_s=60.0, max_ranges=1000, first_ranges=None,
+              max_batch_records=None) -> Admission:
+    return Admission(Thresholds(records, bytes_, interval_s, max_ranges, first_ranges, max_batch_records))
 
 
 def test_below_every_threshold_nothing_is_admitted():
@@ -330,3 +331,74 @@ def test_a_kafka_time_later_than_the_look_does_not_delay_the_records():
     adm = admission(records=100, interval_s=10.0)
     assert adm.plan({A: 0}, {A: 3}, now=0.0, written_at={A: 50.0}) == {A: 0}  # a producer's clock ahead
     assert adm.plan({A: 0}, {A: 3}, now=10.0) == {A: 3}
+
+
+# --- partitions that are behind: served by volume -------------------------------------------------
+
+PARTS_96 = [("t", p) for p in range(96)]
+
+
+def _behind_admission(max_batch_records: int | None = 800_000) -> Admission:
+    return admission(records=10_840, bytes_=64 << 20, interval_s=10.0, max_ranges=8, first_ranges=2,
+                     max_batch_records=max_batch_records)
+
+
+def _second_batch(adm: Admission, at: float, bytes_per_record: dict[str, float] | None = None,
+                  written_at: float | None = None) -> int:
+    """Ranges in the batch after the first wave, for 96 partitions each holding one file."""
+    start = dict.fromkeys(PARTS_96, 0)
+    available = dict.fromkeys(PARTS_96, 10_840)
+    first = adm.plan(start, available, now=0.0,
+                     written_at=None if written_at is None else dict.fromkeys(PARTS_96, written_at))
+    assert sum(1 for tp in PARTS_96 if first[tp]) == 2  # one wave, behind or not
+    second = adm.plan(first, available, now=at, bytes_per_record=bytes_per_record)
+    return sum(1 for tp in PARTS_96 if second[tp] != first[tp])
+
+
+def test_partitions_behind_are_served_by_records_not_files():
+    """1M records over 96 partitions in files of 10,840: eight files a batch drained it in 13 batches of 86k
+    records. Behind (their records have waited BEHIND_INTERVALS intervals), they share 800k records instead."""
+    assert _second_batch(_behind_admission(), at=BEHIND_INTERVALS * 10.0) == 800_000 // 10_840
+
+
+def test_partitions_that_keep_up_are_still_served_in_files():
+    # Due at one interval, or waiting its turn a while longer: a live partition's range, which a batch of
+    # every due range would delay.
+    assert _second_batch(_behind_admission(), at=10.0) == 8
+    assert _second_batch(_behind_admission(), at=(BEHIND_INTERVALS - 1) * 10.0) == 8
+    # Without a records budget, a partition behind counts in files as before.
+    assert _second_batch(_behind_admission(max_batch_records=None), at=BEHIND_INTERVALS * 10.0) == 8
+
+
+def test_partitions_behind_are_bounded_by_the_files_bytes_too():
+    """Records of 6 KB: a file of 10,840 records is ~62 MB of Parquet, so 800k records would be 74 files'
+    bytes; the batch holds at most SINK_MAX_FILES_PER_BATCH files' worth of bytes."""
+    assert _second_batch(_behind_admission(), at=BEHIND_INTERVALS * 10.0, bytes_per_record={"t": 6_000}) == 8
+
+
+def test_a_records_budget_holds_whole_files_and_never_stalls():
+    # 20,000 records: one file of 10,840 fits, a second would pass the budget.
+    assert _second_batch(_behind_admission(max_batch_records=20_000), at=BEHIND_INTERVALS * 10.0) == 1
+    # A budget below one file: the batch still takes one, or the partitions behind would never move.
+    assert _second_batch(_behind_admission(max_batch_records=1_000), at=BEHIND_INTERVALS * 10.0) == 1
+
+
+def test_a_backlog_found_at_the_first_look_is_behind_at_once():
+    """Kafka's timestamps date a backlog at most an interval back (`written_at`): by its wait alone it would
+    be behind only an interval later, after three more batches of eight files."""
+    assert _second_batch(_behind_admission(), at=1.0, written_at=-10.0) == 800_000 // 10_840
+    assert _second_batch(_behind_admission(), at=1.0, written_at=-5.0) == 8  # half an interval: keeping up
+    assert _second_batch(_behind_admission(), at=1.0) == 8  # records the first look dated by itself
+
+
+def test_a_partition_drained_of_its_backlog_is_served_in_files_again():
+    adm = _behind_admission()
+    parts = PARTS_96[:30]
+    start = dict.fromkeys(parts, 0)
+    first = adm.plan(start, dict.fromkeys(parts, 1000), now=0.0, written_at=dict.fromkeys(parts, -10.0))
+    drained = adm.plan(first, dict.fromkeys(parts, 1000), now=1.0)
+    assert all(drained[tp] == 1000 for tp in parts)  # behind: the 28 left in one batch
+    # New records, live: due an interval later, each small range costs a third of a file again.
+    assert adm.plan(drained, dict.fromkeys(parts, 1500), now=2.0) == drained
+    later = adm.plan(drained, dict.fromkeys(parts, 1500), now=12.0)
+    assert sum(1 for tp in parts if later[tp] == 1500) == 24

@@ -32,7 +32,7 @@ def planner(tmp_path, kafka: ScriptedKafka) -> KafkaRangeStreamReader:
     options = SourceOptions(
         client_config={}, group_id="g",
         starting_positions={"orders": {"0": 0}}, flush_records=1000, flush_bytes=1 << 30,
-        flush_interval_ms=60_000, max_files_per_batch=100, executor_cores=100,
+        flush_interval_ms=60_000, max_files_per_batch=100, max_batch_records=800_000, executor_cores=100,
         retention_gap_policy="fail", read_batch_max_bytes=1 << 20,
         state_dir=str(tmp_path), task="",
     )
@@ -96,7 +96,8 @@ def test_the_planner_process_logs_in_the_services_format_with_secrets_scrubbed()
         from sink_service.kafka_source.datasource import KafkaRangeStreamReader, SourceOptions
         options = SourceOptions(
             client_config={"bootstrap.servers": "127.0.0.1:1"}, group_id="g", starting_positions={},
-            flush_records=1, flush_bytes=1, flush_interval_ms=1000, max_files_per_batch=1, executor_cores=1,
+            flush_records=1, flush_bytes=1, flush_interval_ms=1000, max_files_per_batch=1,
+            max_batch_records=800_000, executor_cores=1,
             retention_gap_policy="fail", read_batch_max_bytes=1, state_dir="/tmp", task="",
             logging={"level": "INFO", "json_format": False, "secrets": ["hunter2-password"]})
         KafkaRangeStreamReader(SourceOptions.from_option(options.to_option()))._kafka()

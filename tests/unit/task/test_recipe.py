@@ -18,7 +18,8 @@ CLIENT = {"bootstrap.servers": "127.0.0.1:9092", "sasl.password": "kafka-secret"
 
 def _options(task: str) -> SourceOptions:
     return SourceOptions(client_config=CLIENT, group_id="sink", starting_positions={}, flush_records=10,
-                         flush_bytes=1 << 20, flush_interval_ms=1000, max_files_per_batch=8, executor_cores=1,
+                         flush_bytes=1 << 20, flush_interval_ms=1000, max_files_per_batch=8,
+                         max_batch_records=800_000, executor_cores=1,
                          retention_gap_policy="fail", read_batch_max_bytes=1 << 20, state_dir="/tmp", task=task)
 
 
