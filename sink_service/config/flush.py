@@ -41,7 +41,8 @@ class FlushSettings:
     max_batch_records: int = setting(
         "SINK_MAX_BATCH_RECORDS", "Most records one micro-batch takes from partitions that are behind (records "
         "older than SINK_FLUSH_INTERVAL_MS when the partition was first looked at: a backlog at a start; or a "
-        "wait of four intervals: a stall, an outage of the target), and at most SINK_MAX_FILES_PER_BATCH x SINK_FLUSH_BYTES of their estimated "
-        "Parquet: a backlog is drained by volume, however small its files, while partitions that keep up are "
-        "served in short batches of files. Bounds such a batch's duration and what a crash replays.",
+        "wait of four intervals: a stall, an outage of the target), and at most SINK_MAX_FILES_PER_BATCH x "
+        "SINK_FLUSH_BYTES of their estimated Parquet: a backlog is drained by volume, however small its files, "
+        "while partitions that keep up are served in short batches of files. Bounds such a batch's duration and "
+        "what a crash replays.",
         800_000, minimum=1, group="Flush")
