@@ -189,7 +189,7 @@ def run_case(design: str, writers: int, store: str, args, env: dict[str, str], e
     start_at = time.time() + 3.0  # every writer imported and its files read before the clock starts
     processes = [spawn("writer" if design == "per-file" else "batch",
                        {**spec, "writer": w, "writers": writers, "start_at": start_at}, env) for w in range(writers)]
-    samplers = [ProcessTreeSampler(p.pid, ours=[os.getpid()]).__enter__() for p in processes]
+    samplers = [ProcessTreeSampler(p.pid, ours={"benchmark": [os.getpid()]}).__enter__() for p in processes]
     results = [collect(p, args.timeout) for p in processes]
     for s in samplers:
         s.stop()

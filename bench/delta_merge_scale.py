@@ -127,7 +127,7 @@ def run_child(step: str, spec: dict, timeout_s: float) -> dict:
     """One step in a child process; its result, with the rest of the machine's load while it ran."""
     command = [sys.executable, "-m", "bench.delta_merge_scale", "--child", step, json.dumps(spec)]
     process = subprocess.Popen(command, cwd=BENCH.parent, stdout=subprocess.PIPE, text=True)
-    sampler = ProcessTreeSampler(process.pid, ours=[os.getpid()]).__enter__()
+    sampler = ProcessTreeSampler(process.pid, ours={"benchmark": [os.getpid()]}).__enter__()
     try:
         out, _ = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

@@ -377,7 +377,7 @@ def start_child(step: str, spec: dict) -> subprocess.Popen:
 def run_child(step: str, spec: dict, timeout_s: float) -> dict:
     """One step in a child process; its result, with the rest of the machine's load while it ran."""
     process = start_child(step, spec)
-    sampler = ProcessTreeSampler(process.pid, ours=[os.getpid()]).__enter__()
+    sampler = ProcessTreeSampler(process.pid, ours={"benchmark": [os.getpid()]}).__enter__()
     try:
         out, _ = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

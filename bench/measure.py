@@ -6,7 +6,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,11 +23,12 @@ class ProcessTreeSampler:
     other processes (a CI run on the same machine, say) took while it ran.
     """
 
-    def __init__(self, pid: int, interval_s: float = 0.2, ours: Iterable[int] = ()):
+    def __init__(self, pid: int, interval_s: float = 0.2, ours: Mapping[str, Iterable[int]] | None = None):
         self.root = psutil.Process(pid)
         self.interval_s = interval_s
-        # The benchmark itself (first) and the broker: not "other load", reported on their own.
-        self.ours = [psutil.Process(p) for p in ours]
+        # The benchmark's own processes (itself, its endpoint, the broker, a producer), by name: not
+        # "other load", each group's CPU reported on its own.
+        self.ours = {name: [psutil.Process(p) for p in pids] for name, pids in (ours or {}).items()}
         self.peak_rss = 0
         self.peak_rss_by_kind: dict[str, int] = {}  # what made up the peak
         self.peak_processes = 0
@@ -44,7 +45,7 @@ class ProcessTreeSampler:
         self._t0 = time.monotonic()
         self._machine0 = _busy_cpu_seconds()
         self._steal0 = _steal_cpu_seconds()
-        self._ours0 = [cpu_seconds(p) for p in self.ours]
+        self._ours0 = {name: sum(map(cpu_seconds, group)) for name, group in self.ours.items()}
         self._thread.start()
         return self
 
@@ -59,8 +60,8 @@ class ProcessTreeSampler:
         self.wall_s = time.monotonic() - self._t0
         machine = _busy_cpu_seconds() - self._machine0
         self.steal_cpu_s = _steal_cpu_seconds() - self._steal0
-        self.ours_cpu_s = [cpu_seconds(p) - before for p, before in zip(self.ours, self._ours0, strict=True)]
-        self.other_cpu_s = max(0.0, machine - sum(self.ours_cpu_s) - self.tree_cpu_s)
+        self.ours_cpu_s = {name: sum(map(cpu_seconds, group)) - self._ours0[name] for name, group in self.ours.items()}
+        self.other_cpu_s = max(0.0, machine - sum(self.ours_cpu_s.values()) - self.tree_cpu_s)
 
     @property
     def tree_cpu_s(self) -> float:

@@ -66,11 +66,10 @@ class Thresholds:
     bytes: int
     interval_s: float
     max_ranges_per_batch: int  # in files' worth of records: a range may hold several, or a share of one
+    max_batch_records: int  # the most records a batch takes from partitions that are behind
     # The first batch after a start holds one wave of files (one per core), so the first commit,
     # and readiness, come after seconds rather than after a whole backlog.
     first_batch_ranges: int | None = None
-    # The most records a batch takes from partitions that are behind; None: they count in files too.
-    max_batch_records: int | None = None
 
 
 @dataclass
@@ -171,7 +170,7 @@ class Admission:
             budget, least_cost = min(budget, limits.first_batch_ranges), 1.0
         grants = {tp: 0 for _, tp, _ in due}
         behind = set()
-        if self.admitted_before and limits.max_batch_records:
+        if self.admitted_before:
             behind = {tp for since, tp, _ in due
                       if tp in self.behind_since_first_look or now - since >= BEHIND_INTERVALS * limits.interval_s}
         while budget > 0:

@@ -161,8 +161,9 @@ class KafkaRangeStreamReader(DataSourceStreamReader):
                 configure_worker(WorkerLogging(**{**o.logging, "secrets": tuple(o.logging["secrets"])}))
             self._offsets = KafkaOffsets(o.client_config, o.group_id)
             self._admission = Admission(
-                Thresholds(o.flush_records, o.flush_bytes, o.flush_interval_ms / 1000, o.max_files_per_batch,
-                           o.executor_cores, o.max_batch_records)
+                Thresholds(records=o.flush_records, bytes=o.flush_bytes, interval_s=o.flush_interval_ms / 1000,
+                           max_ranges_per_batch=o.max_files_per_batch, max_batch_records=o.max_batch_records,
+                           first_batch_ranges=o.executor_cores)
             )
         return self._offsets
 

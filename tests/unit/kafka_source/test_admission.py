@@ -11,8 +11,9 @@ A, B, C, D = ("t", 0), ("t", 1), ("t", 2), ("u", 0)
 
 
 def admission(records=100, bytes_=1 << 30, interval_s=60.0, max_ranges=1000, first_ranges=None,
-              max_batch_records=None) -> Admission:
-    return Admission(Thresholds(records, bytes_, interval_s, max_ranges, first_ranges, max_batch_records))
+              max_batch_records=800_000) -> Admission:
+    return Admission(Thresholds(records=records, bytes=bytes_, interval_s=interval_s, max_ranges_per_batch=max_ranges,
+                                max_batch_records=max_batch_records, first_batch_ranges=first_ranges))
 
 
 def test_below_every_threshold_nothing_is_admitted():
@@ -338,7 +339,7 @@ def test_a_kafka_time_later_than_the_look_does_not_delay_the_records():
 PARTS_96 = [("t", p) for p in range(96)]
 
 
-def _behind_admission(max_batch_records: int | None = 800_000) -> Admission:
+def _behind_admission(max_batch_records: int = 800_000) -> Admission:
     return admission(records=10_840, bytes_=64 << 20, interval_s=10.0, max_ranges=8, first_ranges=2,
                      max_batch_records=max_batch_records)
 
@@ -366,8 +367,6 @@ def test_partitions_that_keep_up_are_still_served_in_files():
     # every due range would delay.
     assert _second_batch(_behind_admission(), at=10.0) == 8
     assert _second_batch(_behind_admission(), at=(BEHIND_INTERVALS - 1) * 10.0) == 8
-    # Without a records budget, a partition behind counts in files as before.
-    assert _second_batch(_behind_admission(max_batch_records=None), at=BEHIND_INTERVALS * 10.0) == 8
 
 
 def test_partitions_behind_are_bounded_by_the_files_bytes_too():
