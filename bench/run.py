@@ -145,7 +145,7 @@ def run_system(system: System, ctx: RunContext, produced: Produced, endpoint: En
     started, started_wall = time.monotonic(), time.time()
     system.start(ctx, group)
     watcher = system.watcher(ctx, group, produced.end_offsets)
-    sampler = ProcessTreeSampler(system.pid, ours={"endpoint": [endpoint.pid, os.getpid()],
+    sampler = ProcessTreeSampler(system.pid, ours={"endpoint": [endpoint.pid], "harness": [os.getpid()],
                                                       "broker": broker_pids}).__enter__()
     try:
         timeline = watcher.wait_until_done(started, timeout_s, system.alive, stall_s)
@@ -180,7 +180,8 @@ def run_system(system: System, ctx: RunContext, produced: Produced, endpoint: En
         "cpu_s_per_m_records": sampler.tree_cpu_s / (total / 1e6),
         "cpu_s_by_process_kind": sampler.cpu_s_by_kind,
         "peak_rss_mb_by_process_kind": {kind: round(rss / 2**20) for kind, rss in sampler.peak_rss_by_kind.items()},
-        "endpoint_cpu_s": sampler.ours_cpu_s["endpoint"],  # the endpoint's process and the benchmark's
+        "endpoint_cpu_s": sampler.ours_cpu_s["endpoint"],
+        "harness_cpu_s": sampler.ours_cpu_s["harness"],
         "broker_cpu_s": sampler.ours_cpu_s["broker"],
         "other_load_cores": sampler.other_cpu_s / sampler.wall_s if sampler.wall_s else None,
         "steal_cores": sampler.steal_cpu_s / sampler.wall_s if sampler.wall_s else None,
