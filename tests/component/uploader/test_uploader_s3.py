@@ -168,7 +168,9 @@ def test_connection_refused_is_retryable(parquet_file):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    fast = RetryPolicy(max_elapsed_s=0.3, initial_backoff_s=0.01, max_backoff_s=0.02)
+    # A budget the first attempt cannot use up alone: on a slow host it took 0.4-0.5 s (botocore's first
+    # request), and with 0.3 s no second attempt came (29 Nov 2026, four runs out of four).
+    fast = RetryPolicy(max_elapsed_s=2.0, initial_backoff_s=0.01, max_backoff_s=0.02)
     target = S3Target(settings(f"http://127.0.0.1:{port}", "b", retry=fast, request_attempts=1))
     with pytest.raises(RetriesExhaustedError) as caught:
         target.upload(parquet_file, metadata())
