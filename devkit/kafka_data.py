@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -102,24 +100,9 @@ def produce_orders(
     return len(events)
 
 
-# One admin client per broker, kept, for `end_offsets`: tests poll it every half second, and a fresh client per
-# call (thousands a run) preceded two segfaults inside confluent-kafka 2.16.1's `list_offsets` in one run
-# (29 Nov 2026, both in a test worker polling `all_committed`; the cause is not proven). The service keeps its
-# clients too. The oldest beyond `_KEPT` is dropped (a test's own broker is gone by then).
-_end_readers: OrderedDict[str, tuple[KafkaOffsets, threading.Lock]] = OrderedDict()
-_end_readers_lock = threading.Lock()
-_KEPT = 8
-
-
 def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
-    with _end_readers_lock:
-        offsets, lock = _end_readers.pop(bootstrap, None) or (
-            KafkaOffsets({"bootstrap.servers": bootstrap}, "unused"), threading.Lock())
-        _end_readers[bootstrap] = (offsets, lock)
-        while len(_end_readers) > _KEPT:
-            _end_readers.popitem(last=False)
-    with lock:
-        return {p: o for (_, p), o in offsets.latest([(topic, p) for p in range(partitions)]).items()}
+    offsets = KafkaOffsets({"bootstrap.servers": bootstrap}, "unused")
+    return {p: o for (_, p), o in offsets.latest([(topic, p) for p in range(partitions)]).items()}
 
 
 def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
